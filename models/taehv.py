@@ -1,0 +1,585 @@
+"""TAEHV: Tiny AutoEncoder for video diffusion latents, compatible with the public weight files.
+
+Conventions (same as the public TAEHV weights):
+- videos are N,T,C,H,W RGB in [0, 1] (time before channels);
+- latents are N,T,C,H,W, unscaled: exactly what the diffusion model consumes;
+- `state_dict()` keys are positions in two `nn.Sequential` containers, `encoder` and `decoder`,
+  so that public files (`taehv.pth`, `taecvx.pth`, `taew2_1.pth`, ...) load with strict=True.
+
+The model is built from explicit arguments (variant, patch size, latent channels, time and space
+flags); nothing here looks at file names. `TAEHV.from_pretrained` infers what it can from tensor
+shapes and reads `model_info.json` beside the file for the rest.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+
+# --------------------------------------------------------------------------------------------
+# Variants
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TAEHVArgs:
+    """Everything needed to rebuild a TAEHV model; stored in checkpoints and model_info.json."""
+
+    variant: str = "taehv"
+    patch_size: int = 1
+    latent_channels: int = 16
+    decoder_kind: str = "base"  # "base" (MemBlocks + nearest upsample) or "super"
+    encoder_time_downscale: tuple[bool, bool, bool] = (True, True, False)
+    decoder_time_upscale: tuple[bool, bool, bool] = (False, True, True)
+    decoder_space_upscale: tuple[bool, bool, bool] = (True, True, True)
+    # CogVideoX keeps the first decoded frames when the latent count is even.
+    cogvideox_trim_rule: bool = False
+
+    def to_json_dict(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_json_dict(cls, data: dict) -> "TAEHVArgs":
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown TAEHV construction argument(s) {unknown}; known: {sorted(known)}")
+        return cls(**{k: tuple(bool(x) for x in v) if isinstance(v, list) else v for k, v in data.items()})
+
+
+VARIANTS: dict[str, TAEHVArgs] = {
+    "taehv": TAEHVArgs("taehv"),
+    "taecvx": TAEHVArgs("taecvx", cogvideox_trim_rule=True),
+    "taew2_1": TAEHVArgs("taew2_1"),
+    "taeos1_3": TAEHVArgs("taeos1_3"),
+    "taehv1_5": TAEHVArgs("taehv1_5", patch_size=2, latent_channels=32),
+    "taew2_2": TAEHVArgs("taew2_2", patch_size=2, latent_channels=48),
+    "taehv1_5_super": TAEHVArgs("taehv1_5_super", patch_size=2, latent_channels=32, decoder_kind="super"),
+    "taew2_2_super": TAEHVArgs("taew2_2_super", patch_size=2, latent_channels=48, decoder_kind="super"),
+}
+
+
+def resolve_args(variant: str = "taehv", **overrides) -> TAEHVArgs:
+    """Variant defaults with explicit overrides applied (unknown names are errors)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown TAEHV variant {variant!r}; choose one of {sorted(VARIANTS)}")
+    known = set(TAEHVArgs.__dataclass_fields__) - {"variant"}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"unknown TAEHV argument(s) {unknown}; known: {sorted(known)}")
+    for key in ("encoder_time_downscale", "decoder_time_upscale", "decoder_space_upscale"):
+        if key in overrides:
+            overrides[key] = tuple(bool(x) for x in overrides[key])
+            if len(overrides[key]) != 3:
+                raise ValueError(f"{key} needs 3 flags, got {overrides[key]}")
+    args = replace(VARIANTS[variant], **overrides)
+    if args.decoder_kind not in ("base", "super"):
+        raise ValueError(f"decoder_kind must be 'base' or 'super', got {args.decoder_kind!r}")
+    return args
+
+
+# --------------------------------------------------------------------------------------------
+# Building blocks (module attribute names define the state-dict keys: do not rename)
+# --------------------------------------------------------------------------------------------
+
+
+def conv(n_in: int, n_out: int, **kwargs) -> nn.Conv2d:
+    return nn.Conv2d(n_in, n_out, 3, padding=1, **kwargs)
+
+
+class Clamp(nn.Module):
+    def forward(self, x):
+        return torch.tanh(x / 3) * 3
+
+
+class MemBlock(nn.Module):
+    """Conv block that sees its own input at the previous frame (`past`)."""
+
+    def __init__(self, n_in: int, n_out: int):
+        super().__init__()
+        self.conv = nn.Sequential(
+            conv(n_in * 2, n_out), nn.ReLU(inplace=True), conv(n_out, n_out), nn.ReLU(inplace=True), conv(n_out, n_out)
+        )
+        self.skip = nn.Conv2d(n_in, n_out, 1, bias=False) if n_in != n_out else nn.Identity()
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x, past):
+        return self.act(self.conv(torch.cat([x, past], 1)) + self.skip(x))
+
+
+class SuperMemBlock(nn.Module):
+    """Residual depthwise/pointwise block of the super decoder, with the same `past` input."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        c2 = channels * 2
+        self.conv = nn.Sequential(
+            nn.Conv2d(c2, c2, 7, padding=3, groups=c2, bias=False),
+            nn.Conv2d(c2, channels * 4, 1),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(channels * 4, channels, 1, bias=False),
+        )
+
+    def forward(self, x, past):
+        return self.conv(torch.cat([x, past], 1)) + x
+
+
+class TPool(nn.Module):
+    """Joins each run of `stride` consecutive frames (earliest first on channels) into one."""
+
+    def __init__(self, channels: int, stride: int):
+        super().__init__()
+        self.stride = stride
+        self.conv = nn.Conv2d(channels * stride, channels, 1, bias=False)
+
+    def forward(self, x):  # x: N*T, C, H, W with T a multiple of stride
+        _, c, h, w = x.shape
+        return self.conv(x.reshape(-1, self.stride * c, h, w))
+
+
+class TGrow(nn.Module):
+    """Splits each frame into `stride` consecutive frames (first channel group = earliest)."""
+
+    def __init__(self, channels: int, stride: int):
+        super().__init__()
+        self.stride = stride
+        self.conv = nn.Conv2d(channels, channels * stride, 1, bias=False)
+
+    def forward(self, x):  # x: N*T, C, H, W -> N*T*stride, C, H, W
+        _, c, h, w = x.shape
+        return self.conv(x).reshape(-1, c, h, w)
+
+
+MEMORY_BLOCKS = (MemBlock, SuperMemBlock)
+
+
+def build_encoder(args: TAEHVArgs) -> nn.Sequential:
+    p2 = args.patch_size**2
+    layers: list[nn.Module] = [conv(3 * p2, 64), nn.ReLU(inplace=True)]
+    for pool_in_time in args.encoder_time_downscale:
+        layers += [
+            TPool(64, 2 if pool_in_time else 1),
+            conv(64, 64, stride=2, bias=False),
+            MemBlock(64, 64),
+            MemBlock(64, 64),
+            MemBlock(64, 64),
+        ]
+    layers.append(conv(64, args.latent_channels))
+    return nn.Sequential(*layers)
+
+
+def build_base_decoder(args: TAEHVArgs) -> nn.Sequential:
+    channels = (256, 128, 64)
+    layers: list[nn.Module] = [Clamp(), conv(args.latent_channels, channels[0]), nn.ReLU(inplace=True)]
+    for stage, (c, grow_in_time, grow_in_space) in enumerate(
+        zip(channels, args.decoder_time_upscale, args.decoder_space_upscale)
+    ):
+        c_next = channels[stage + 1] if stage + 1 < len(channels) else 64
+        layers += [
+            MemBlock(c, c),
+            MemBlock(c, c),
+            MemBlock(c, c),
+            nn.Upsample(scale_factor=2 if grow_in_space else 1),
+            TGrow(c, 2 if grow_in_time else 1),
+            conv(c, c_next, bias=False),
+        ]
+    layers += [nn.ReLU(inplace=True), conv(64, 3 * args.patch_size**2)]
+    return nn.Sequential(*layers)
+
+
+def build_super_decoder(args: TAEHVArgs) -> nn.Sequential:
+    channels = (512, 256, 128, 64)
+    layers: list[nn.Module] = [nn.Conv2d(args.latent_channels, channels[0], 1, bias=False)]
+    for stage, (grow_in_time, grow_in_space) in enumerate(zip(args.decoder_time_upscale, args.decoder_space_upscale)):
+        c, c_next = channels[stage], channels[stage + 1]
+        layers += [
+            SuperMemBlock(c),
+            SuperMemBlock(c),
+            SuperMemBlock(c),
+            conv(c, c_next * (4 if grow_in_space else 1)),
+            nn.ReLU(inplace=True),
+            nn.PixelShuffle(2) if grow_in_space else nn.Identity(),
+            TGrow(c_next, 2 if grow_in_time else 1),
+        ]
+    layers.append(conv(64, 3 * args.patch_size**2))
+    return nn.Sequential(*layers)
+
+
+# --------------------------------------------------------------------------------------------
+# Running a Sequential with memory blocks over time
+# --------------------------------------------------------------------------------------------
+
+
+def run_parallel(model: nn.Sequential, x: torch.Tensor, use_checkpointing: bool = False) -> torch.Tensor:
+    """All frames at once. x: N,T,C,H,W -> N,T',C',H',W'."""
+    n, t = x.shape[:2]
+    x = x.reshape(n * t, *x.shape[2:])
+    for block in model:
+        if isinstance(block, MEMORY_BLOCKS):
+            frames = x.reshape(n, -1, *x.shape[1:])
+            # past of frame t is the block's input at t-1, zeros for the first frame
+            past = F.pad(frames, (0, 0, 0, 0, 0, 0, 1, 0))[:, :-1].reshape(x.shape)
+            if use_checkpointing:
+                x = checkpoint(block, x, past, use_reentrant=False)
+            else:
+                x = block(x, past)
+        elif use_checkpointing and any(p.requires_grad for p in block.parameters()):
+            x = checkpoint(block, x, use_reentrant=False)
+        else:
+            x = block(x)
+    return x.reshape(n, -1, *x.shape[1:])
+
+
+class SequentialRunner:
+    """Feeds frames one at a time through a Sequential; memory is O(1) in the number of frames.
+
+    Each memory block keeps its previous input, each TPool buffers frames until it has `stride`,
+    each TGrow emits `stride` frames; frames leave in temporal order.
+    """
+
+    def __init__(self, model: nn.Sequential):
+        self.model = model
+        self.past: dict[int, torch.Tensor] = {}
+        self.pool_buffers: dict[int, list[torch.Tensor]] = {}
+
+    def push(self, frame: torch.Tensor) -> list[torch.Tensor]:
+        """frame: N,C,H,W -> list of output frames (N,C',H',W'), possibly empty."""
+        outputs: list[torch.Tensor] = []
+        self._feed(0, frame, outputs)
+        return outputs
+
+    def _feed(self, index: int, x: torch.Tensor, outputs: list[torch.Tensor]) -> None:
+        if index == len(self.model):
+            outputs.append(x)
+            return
+        block = self.model[index]
+        if isinstance(block, MEMORY_BLOCKS):
+            past = self.past.get(index, torch.zeros_like(x))
+            self.past[index] = x
+            self._feed(index + 1, block(x, past), outputs)
+        elif isinstance(block, TPool):
+            buffer = self.pool_buffers.setdefault(index, [])
+            buffer.append(x)
+            if len(buffer) == block.stride:
+                del self.pool_buffers[index]
+                self._feed(index + 1, block.conv(torch.cat(buffer, 1)), outputs)
+        elif isinstance(block, TGrow):
+            n, c = x.shape[:2]
+            grown = block.conv(x).reshape(n, block.stride, c, *x.shape[2:])
+            for step in range(block.stride):
+                self._feed(index + 1, grown[:, step], outputs)
+        else:
+            self._feed(index + 1, block(x), outputs)
+
+
+def run_sequential(model: nn.Sequential, x: torch.Tensor, show_progress_bar: bool = False) -> torch.Tensor:
+    """Frame by frame; gives the same result as `run_parallel` to float rounding."""
+    runner = SequentialRunner(model)
+    frames = range(x.shape[1])
+    if show_progress_bar:
+        from tqdm.auto import tqdm
+
+        frames = tqdm(frames, unit="frame")
+    outputs = [y for t in frames for y in runner.push(x[:, t])]
+    return torch.stack(outputs, 1)
+
+
+# --------------------------------------------------------------------------------------------
+# The model
+# --------------------------------------------------------------------------------------------
+
+
+class TAEHV(nn.Module):
+    """Tiny video autoencoder.
+
+    encode_video: N,T,3,H,W in [0, 1] -> N,ceil(T/4),L,H/(8p),W/(8p) unscaled latents
+    decode_video: N,t,L,h,w latents -> N,4t-3,3,8ph,8pw in [0, 1]
+    (for CogVideoX, 4t frames when t is even; see `decoded_frame_count`).
+    """
+
+    def __init__(self, variant: str = "taehv", **overrides):
+        super().__init__()
+        self.args = resolve_args(variant, **overrides)
+        self.encoder = build_encoder(self.args)
+        build_decoder = build_super_decoder if self.args.decoder_kind == "super" else build_base_decoder
+        self.decoder = build_decoder(self.args)
+        self.gradient_checkpointing = False
+        # Training from scratch starts from mid-grey output; loading weights overwrites this.
+        nn.init.constant_(self.decoder[-1].bias, 0.5)
+
+    # public attributes used by scripts and users
+    @property
+    def variant(self) -> str:
+        return self.args.variant
+
+    @property
+    def patch_size(self) -> int:
+        return self.args.patch_size
+
+    @property
+    def latent_channels(self) -> int:
+        return self.args.latent_channels
+
+    @property
+    def t_downscale(self) -> int:
+        return 2 ** sum(self.args.encoder_time_downscale)
+
+    @property
+    def t_upscale(self) -> int:
+        return 2 ** sum(self.args.decoder_time_upscale)
+
+    @property
+    def frames_to_trim(self) -> int:
+        return self.t_upscale - 1
+
+    @property
+    def spatial_downscale(self) -> int:
+        return 8 * self.patch_size
+
+    def set_gradient_checkpointing(self, enabled: bool = True) -> "TAEHV":
+        """Recompute activations in backward (parallel mode, training only): less memory, same values."""
+        self.gradient_checkpointing = enabled
+        return self
+
+    # frame bookkeeping ------------------------------------------------------------------------
+    def latent_frame_count(self, n_frames: int) -> int:
+        return -(-n_frames // self.t_downscale)
+
+    def trims_leading_frames(self, n_latent_frames: int) -> bool:
+        return not (self.args.cogvideox_trim_rule and n_latent_frames % 2 == 0)
+
+    def decoded_frame_count(self, n_latent_frames: int) -> int:
+        frames = n_latent_frames * self.t_upscale
+        return frames - self.frames_to_trim if self.trims_leading_frames(n_latent_frames) else frames
+
+    # encode / decode ---------------------------------------------------------------------------
+    def encode_video(self, x: torch.Tensor, parallel: bool = True, show_progress_bar: bool = False) -> torch.Tensor:
+        """x: N,T,3,H,W RGB in [0, 1] -> N,t,L,h,w latents. T is padded at the end by repeating
+        the last frame to a multiple of `t_downscale`; H and W must be multiples of 8 x patch size."""
+        self._check_video(x)
+        if self.patch_size > 1:
+            n, t = x.shape[:2]
+            x = F.pixel_unshuffle(x.flatten(0, 1), self.patch_size).unflatten(0, (n, t))
+        remainder = x.shape[1] % self.t_downscale
+        if remainder:
+            padding = x[:, -1:].expand(-1, self.t_downscale - remainder, -1, -1, -1)
+            x = torch.cat([x, padding], 1)
+        return self._run(self.encoder, x, parallel, show_progress_bar)
+
+    def decode_video(self, z: torch.Tensor, parallel: bool = True, show_progress_bar: bool = False) -> torch.Tensor:
+        """z: N,t,L,h,w unscaled latents -> N,T,3,8ph,8pw RGB in [0, 1] (T from `decoded_frame_count`)."""
+        if z.ndim != 5 or z.shape[2] != self.latent_channels:
+            raise ValueError(
+                f"decode_video expects N,T,{self.latent_channels},h,w latents for variant {self.variant}, "
+                f"got shape {tuple(z.shape)}"
+            )
+        x = self._run(self.decoder, z, parallel, show_progress_bar)
+        x = self._finish_decoded(x)
+        return x[:, self.frames_to_trim :] if self.trims_leading_frames(z.shape[1]) else x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Round trip: decode(encode(x))."""
+        return self.decode_video(self.encode_video(x))
+
+    def _finish_decoded(self, x: torch.Tensor) -> torch.Tensor:
+        if self.patch_size > 1:
+            x = F.pixel_shuffle(x.flatten(0, 1), self.patch_size).unflatten(0, x.shape[:2])
+        return x.clamp(0, 1)
+
+    def _run(self, model: nn.Sequential, x: torch.Tensor, parallel: bool, show_progress_bar: bool) -> torch.Tensor:
+        if parallel:
+            return run_parallel(model, x, use_checkpointing=self.gradient_checkpointing and self.training)
+        return run_sequential(model, x, show_progress_bar)
+
+    def _check_video(self, x: torch.Tensor) -> None:
+        multiple = self.spatial_downscale
+        if x.ndim != 5 or x.shape[2] != 3:
+            raise ValueError(f"encode_video expects N,T,3,H,W RGB in [0, 1], got shape {tuple(x.shape)}")
+        if x.shape[-2] % multiple or x.shape[-1] % multiple:
+            raise ValueError(
+                f"height and width must be multiples of {multiple} for variant {self.variant} "
+                f"(8 x patch size {self.patch_size}), got {x.shape[-2]}x{x.shape[-1]}"
+            )
+
+    # loading -------------------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, path: str | Path, variant: str | None = None, **overrides) -> "TAEHV":
+        """Load a public-format TAEHV file (.pth or .safetensors).
+
+        With `variant` given, the file must match it. Without, patch size, latent channels,
+        decoder kind and time flags come from the tensor shapes, and a `model_info.json` beside the
+        file (written by our exports) supplies what shapes cannot tell, such as the CogVideoX
+        trim rule. A file whose shapes fit taehv/taecvx/taew2_1/taeos1_3 alike and has no
+        model_info.json loads as the generic "taehv" variant: pass variant="taecvx" for CogVideoX.
+        """
+        path = Path(path)
+        state_dict = load_state_dict_file(path)
+        if variant is None:
+            info_args = read_model_info(path)
+            args = info_args if info_args is not None else infer_args_from_state_dict(state_dict, path)
+            args = replace(args, **overrides) if overrides else args
+            model = cls(args.variant, **{k: v for k, v in asdict(args).items() if k != "variant"})
+        else:
+            model = cls(variant, **overrides)
+        model.load_public_state_dict(state_dict, source=str(path))
+        return model
+
+    def load_public_state_dict(self, state_dict: dict[str, torch.Tensor], source: str = "state dict") -> None:
+        """Strict load with one clear message on mismatch; narrows TGrow weights for disabled time stages."""
+        state_dict = narrow_tgrow_weights(self, state_dict)
+        expected = {k: tuple(v.shape) for k, v in self.state_dict().items()}
+        got = {k: tuple(v.shape) for k, v in state_dict.items()}
+        problems = [f"missing {k} {expected[k]}" for k in expected if k not in got]
+        problems += [f"unexpected {k} {got[k]}" for k in got if k not in expected]
+        problems += [f"{k}: file has {got[k]}, model needs {expected[k]}" for k in expected if k in got and got[k] != expected[k]]
+        if problems:
+            shown = "; ".join(problems[:4]) + (f"; ... {len(problems) - 4} more" if len(problems) > 4 else "")
+            raise ValueError(
+                f"{source} does not match TAEHV variant {self.variant!r} "
+                f"(patch_size={self.patch_size}, latent_channels={self.latent_channels}, "
+                f"decoder={self.args.decoder_kind}): {shown}. Pass the variant the file was trained as."
+            )
+        self.load_state_dict(state_dict, strict=True)
+
+
+# --------------------------------------------------------------------------------------------
+# File helpers
+# --------------------------------------------------------------------------------------------
+
+MODEL_INFO_FILENAME = "model_info.json"
+
+
+def load_state_dict_file(path: Path) -> dict[str, torch.Tensor]:
+    """Tensors of a .pth or .safetensors TAEHV file, on CPU."""
+    if not path.is_file():
+        raise FileNotFoundError(f"TAEHV weight file not found: {path}")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state_dict = load_file(str(path), device="cpu")
+        else:
+            state_dict = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # truncated or foreign files raise many different types
+        raise ValueError(f"cannot read TAEHV weights from {path}: {error}. Is the file complete?") from error
+    if not isinstance(state_dict, dict) or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
+        raise ValueError(f"{path} is not a plain TAEHV state dict (expected a dict of tensors)")
+    return state_dict
+
+
+def read_model_info(weights_path: Path) -> TAEHVArgs | None:
+    info_path = weights_path.parent / MODEL_INFO_FILENAME
+    if not info_path.is_file():
+        return None
+    info = json.loads(info_path.read_text())
+    if "model_args" not in info:
+        raise ValueError(f"{info_path} has no 'model_args'; delete it or re-export the model")
+    return TAEHVArgs.from_json_dict(info["model_args"])
+
+
+def write_model_info(model: TAEHV, directory: Path, **extra) -> Path:
+    """model_info.json: the construction arguments plus any extra fields (step, metrics, ...)."""
+    path = Path(directory) / MODEL_INFO_FILENAME
+    path.write_text(json.dumps({"model_args": model.args.to_json_dict(), **extra}, indent=2))
+    return path
+
+
+def infer_args_from_state_dict(state_dict: dict[str, torch.Tensor], source: Path | str = "file") -> TAEHVArgs:
+    """Construction arguments from tensor shapes alone (see `TAEHV.from_pretrained`)."""
+    try:
+        patch_size = round((state_dict["encoder.0.weight"].shape[1] // 3) ** 0.5)
+        latent_channels = state_dict["encoder.17.weight"].shape[0]
+        encoder_time = tuple(state_dict[f"encoder.{i}.conv.weight"].shape[1] == 128 for i in (2, 7, 12))
+        if "decoder.0.weight" in state_dict:  # the base decoder starts with a parameter-free Clamp
+            decoder_kind, tgrow_keys, in_channels = "super", (7, 14, 21), (256, 128, 64)
+        else:
+            decoder_kind, tgrow_keys, in_channels = "base", (7, 13, 19), (256, 128, 64)
+        decoder_time = tuple(
+            state_dict[f"decoder.{i}.conv.weight"].shape[0] == 2 * c for i, c in zip(tgrow_keys, in_channels)
+        )
+    except KeyError as error:
+        raise ValueError(f"{source} is not a TAEHV state dict: key {error} is missing") from error
+    for name, args in VARIANTS.items():
+        if (args.patch_size, args.latent_channels, args.decoder_kind) == (patch_size, latent_channels, decoder_kind):
+            return replace(args, encoder_time_downscale=encoder_time, decoder_time_upscale=decoder_time)
+    raise ValueError(
+        f"{source}: no known TAEHV variant has patch_size={patch_size}, latent_channels={latent_channels}, "
+        f"decoder={decoder_kind}; pass variant=... and overrides explicitly"
+    )
+
+
+def narrow_tgrow_weights(model: TAEHV, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A checkpoint trained with time upscaling, loaded where that TGrow is disabled: keep the
+    output channels of the last time step (they are what a stride-1 TGrow would emit)."""
+    target = model.state_dict()
+    narrowed = dict(state_dict)
+    for name, module in model.named_modules():
+        if isinstance(module, TGrow) and module.stride == 1:
+            key = f"{name}.conv.weight"
+            if key in state_dict and key in target:
+                have, want = state_dict[key].shape[0], target[key].shape[0]
+                if have > want and have % want == 0:
+                    narrowed[key] = state_dict[key][-want:]
+    return narrowed
+
+
+# --------------------------------------------------------------------------------------------
+# Streaming
+# --------------------------------------------------------------------------------------------
+
+
+class StreamingTAEHV:
+    """Encode frames or decode latents one at a time with O(1) memory in T.
+
+    encode(frame N,3,H,W) -> list of latents (N,L,h,w) completed by this frame (0 or 1 items);
+    flush() -> the last latent(s), padding pending frames with the last frame as encode_video does;
+    decode(latent N,L,h,w) -> list of decoded frames (N,3,H,W), leading frames trimmed as in
+    decode_video. CogVideoX-rule models need `num_latent_frames` to know whether to trim.
+    """
+
+    def __init__(self, model: TAEHV, num_latent_frames: int | None = None):
+        if model.args.cogvideox_trim_rule and num_latent_frames is None:
+            raise ValueError(
+                f"variant {model.variant} trims decoded frames only for an odd latent count: "
+                "pass num_latent_frames to StreamingTAEHV"
+            )
+        self.model = model
+        self.encoder = SequentialRunner(model.encoder)
+        self.decoder = SequentialRunner(model.decoder)
+        self.pending_frames = 0
+        self.last_frame: torch.Tensor | None = None
+        trims = num_latent_frames is None or model.trims_leading_frames(num_latent_frames)
+        self.frames_left_to_trim = model.frames_to_trim if trims else 0
+
+    @torch.no_grad()
+    def encode(self, frame: torch.Tensor) -> list[torch.Tensor]:
+        self.last_frame = frame
+        self.pending_frames = (self.pending_frames + 1) % self.model.t_downscale
+        if self.model.patch_size > 1:
+            frame = F.pixel_unshuffle(frame, self.model.patch_size)
+        return self.encoder.push(frame)
+
+    @torch.no_grad()
+    def flush(self) -> list[torch.Tensor]:
+        latents: list[torch.Tensor] = []
+        while self.pending_frames:
+            latents += self.encode(self.last_frame)
+        return latents
+
+    @torch.no_grad()
+    def decode(self, latent: torch.Tensor) -> list[torch.Tensor]:
+        frames = [self.model._finish_decoded(y[:, None])[:, 0] for y in self.decoder.push(latent)]
+        drop = min(self.frames_left_to_trim, len(frames))
+        self.frames_left_to_trim -= drop
+        return frames[drop:]
+
+
+def parameter_count(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+

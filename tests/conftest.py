@@ -1,0 +1,29 @@
+"""Shared test helpers. ../shared (reference specs, sample videos) is optional: tests that need it
+skip with a reason when it is absent, so a fresh clone passes."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED = REPO_ROOT.parent / "shared"
+REFERENCE = SHARED / "reference"
+SAMPLE_VIDEOS = SHARED / "data" / "videos"
+
+
+def load_reference_json(name: str) -> dict:
+    path = REFERENCE / name
+    if not path.is_file():
+        pytest.skip(f"{path} not present (../shared is optional for a fresh clone)")
+    return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="session")
+def taehv_spec() -> dict:
+    return load_reference_json("taehv_state_dict_spec.json")
+
+
+@pytest.fixture(scope="session")
+def seraena_spec() -> dict:
+    return load_reference_json("seraena_state_dict_spec.json")

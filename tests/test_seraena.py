@@ -1,0 +1,130 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from models.seraena import Seraena, group_frames, video_context
+
+
+def spec_state_dict(spec: dict) -> dict:
+    generator = torch.Generator().manual_seed(0)
+    return {
+        k: torch.rand(shape, generator=generator) + 0.5 if shape else torch.tensor(7)
+        for k, shape in spec["state_dict"].items()
+    }
+
+
+def striped_reals(n: int, size: int = 32) -> torch.Tensor:
+    base = torch.full((n, 9, size, size), 0.7)
+    base[:, :, ::2] += 0.2
+    return (base + 0.02 * torch.randn_like(base)).clamp(0, 1)
+
+
+def test_state_dict_layout_matches_public_files(seraena_spec):
+    seraena = Seraena(seraena_spec["c_im"], seraena_spec["c_ctx"])
+    assert {k: list(v.shape) for k, v in seraena.state_dict().items()} == seraena_spec["state_dict"]
+    assert sum(p.numel() for p in seraena.parameters()) == seraena_spec["n_params"]
+
+
+def test_public_file_loads_strict(seraena_spec, tmp_path):
+    torch.save(spec_state_dict(seraena_spec), tmp_path / "seraena.pth")
+    seraena = Seraena(9, 16)
+    seraena.load_state_dict(torch.load(tmp_path / "seraena.pth", weights_only=True), strict=True)
+    assert seraena.disc.blocks[0][1].num_batches_tracked.item() == 7
+
+
+def test_discriminator_returns_six_score_maps():
+    disc = Seraena(9, 16).disc
+    scores = disc(torch.rand(2, 9, 64, 48), torch.randn(2, 16, 8, 6))
+    assert scores.shape == (2, 6, 8, 6)
+
+
+def test_correction_has_unit_std_and_leaves_discriminator_untouched():
+    torch.manual_seed(0)
+    seraena = Seraena(9, 16)
+    context = torch.randn(4, 16, 4, 4)
+    fake = torch.full((4, 9, 32, 32), 0.3)
+    for _ in range(30):  # a discriminator that separates the two gives gradients far above 1e-5
+        seraena.discriminator_step(striped_reals(4), fake, context)
+    seraena.optimizer.zero_grad(set_to_none=True)
+    before = {k: v.clone() for k, v in seraena.state_dict().items()}
+    target = seraena.correct(striped_reals(4), fake.clone().requires_grad_(), context)
+    assert not target.requires_grad
+    assert abs((target - fake).std().item() - 1) < 0.01
+    assert all(p.grad is None for p in seraena.parameters())
+    assert all(torch.equal(before[k], v) for k, v in seraena.state_dict().items())  # eval mode: BN stats kept
+    assert seraena.disc.training  # correct() restores the mode it found
+
+
+def test_corrected_targets_move_fakes_toward_reals():
+    """A 'generator' that only follows the corrected targets drifts from flat grey to the
+    striped reals (measured against the noise-free real image)."""
+    torch.manual_seed(0)
+    seraena = Seraena(9, 16, seed=0)
+    context = torch.zeros(8, 16, 4, 4)
+    fake = torch.full((8, 9, 32, 32), 0.3, requires_grad=True)
+    optimizer = torch.optim.Adam([fake], lr=1e-2)
+    clean_real = torch.full((1, 9, 32, 32), 0.7)
+    clean_real[:, :, ::2] += 0.2
+
+    def distance() -> float:
+        return (fake.detach().clamp(0, 1) - clean_real).pow(2).mean().item()
+
+    start = distance()
+    for _ in range(150):
+        real = striped_reals(8)
+        seraena.discriminator_step(real, fake.detach().clamp(0, 1), context)
+        target = seraena.correct(real, fake.detach().clamp(0, 1), context)
+        optimizer.zero_grad()
+        F.mse_loss(fake, target).backward()
+        optimizer.step()
+    assert distance() < 0.5 * start
+
+
+def test_training_state_round_trip_continues_exactly():
+    torch.manual_seed(0)
+    batches = [(torch.rand(4, 9, 16, 16), torch.rand(4, 9, 16, 16), torch.randn(4, 16, 2, 2)) for _ in range(6)]
+    torch.manual_seed(1)
+    straight = Seraena(9, 16, buffer_size=5, seed=3)
+    for batch in batches:
+        straight.discriminator_step(*batch)
+
+    torch.manual_seed(1)
+    first = Seraena(9, 16, buffer_size=5, seed=3)
+    for batch in batches[:3]:
+        first.discriminator_step(*batch)
+    weights, training_state = first.state_dict(), first.training_state_dict()
+    assert len(training_state["buffer"]["fakes"]) == 5  # buffer full: later adds overwrite random slots
+    resumed = Seraena(9, 16, buffer_size=5, seed=99)
+    resumed.load_state_dict(weights)
+    resumed.load_training_state_dict(training_state)
+    for batch in batches[3:]:
+        resumed.discriminator_step(*batch)
+
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert all(torch.equal(a, b) for a, b in zip(straight.buffer.fakes, resumed.buffer.fakes))
+
+
+def test_reduce_gradients_hook_sees_every_gradient():
+    seen = []
+    seraena = Seraena(9, 16)
+    seraena.discriminator_step(
+        torch.rand(2, 9, 16, 16), torch.rand(2, 9, 16, 16), torch.randn(2, 16, 2, 2), reduce_gradients=seen.extend
+    )
+    assert len(seen) == len(list(seraena.disc.parameters()))
+
+
+def test_video_grouping_and_context():
+    frames = torch.arange(2 * 7 * 3 * 4 * 4, dtype=torch.float32).reshape(2, 7, 3, 4, 4)
+    grouped = group_frames(frames)
+    assert grouped.shape == (4, 9, 4, 4)  # 2 clips x 2 whole groups of 3 frames
+    assert torch.equal(grouped[1, 3:6], frames[0, 4])
+    latents = torch.randn(2, 3, 16, 2, 2)
+    context = video_context(latents, groups_per_clip=2)
+    assert context.shape == (4, 16, 2, 2) and torch.allclose(context[3], latents[1].mean(0))
+
+
+def test_runs_under_bfloat16_autocast():
+    seraena = Seraena(9, 16, amp_dtype=torch.bfloat16)
+    loss = seraena.discriminator_step(torch.rand(2, 9, 16, 16), torch.rand(2, 9, 16, 16), torch.randn(2, 16, 2, 2))
+    assert torch.isfinite(loss)
