@@ -1,0 +1,418 @@
+"""Training configuration: one typed base, per-profile deltas, one loader.
+
+    load_config("h100", overrides=["learning_rate=2e-4"], num_processes=8) -> TrainConfig
+
+Order: profile module (or a custom file) -> `--set key=value` overrides parsed to each key's
+type -> validation (unknown keys with the closest known key, types, cross-field rules) ->
+derived values resolved once. `write_resolved_config` stores the result in the run folder
+before any heavy work, so a typo fails before any process group, model or data loader exists.
+
+A profile or custom file is a Python file defining `overrides = dict(key=value, ...)` and,
+for custom files, optionally `base_profile = "h100"` to start from a shipped profile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib.util
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from models.taehv import VARIANTS
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PROFILE_DIR = Path(__file__).resolve().parent / "configs"
+ACCELERATE_CONFIG_DIR = REPO_ROOT / "accelerate_configs"
+REF_VAE_FAMILIES = ("cogvideox", "hunyuan", "wan")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class ConfigError(ValueError):
+    """A one-line, user-facing configuration problem."""
+
+
+def option(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(slots=True)
+class TrainConfig:
+    # --- run -----------------------------------------------------------------------------------
+    output_dir: str = option("", "run folder; empty = output/<timestamp>/ with output/latest pointing at it")
+    seed: int = option(42, "global random seed (each rank derives its own from it)")
+    supported_num_gpus: tuple = option((8,), "process counts this profile is written for (launcher checks NGPU)")
+    accelerate_config: str = option("deepspeed_8gpu.yaml", "file in accelerate_configs/: topology and ZeRO stage")
+    # --- model ---------------------------------------------------------------------------------
+    model_variant: str = option("taecvx", "TAEHV variant of the student (models/taehv.py VARIANTS)")
+    pretrained_model_path: str = option("checkpoints/taecvx.pth", "public-format weights to start from; empty = from scratch")
+    gradient_checkpointing: bool = option(False, "recompute activations in backward: less memory, same values")
+    ema_decay: float = option(0.999, "decay of the averaged weights that are validated and exported; 0 = off")
+    # --- reference VAE -------------------------------------------------------------------------
+    use_ref_vae: bool = option(True, "distill from a reference VAE; False = autoencoder mode (no downloads)")
+    ref_vae_family: str = option("cogvideox", "reference VAE family: cogvideox, hunyuan or wan")
+    ref_vae_path: str = option("pretrained/CogVideoX-2b", "local diffusers folder or hub id (subfolder vae)")
+    ref_vae_sample_latents: bool = option(True, "use latent_dist.sample() (True) or its mean (False)")
+    ref_vae_tiling: bool = option(False, "enable the reference VAE's tiled encode (saves memory, slower)")
+    # --- data ----------------------------------------------------------------------------------
+    data_root: str = option("data/videos", "folder the clip paths are relative to (or scanned when no index)")
+    index_path: str = option("", "annotation JSON, JSONL or CSV index; empty = scan data_root")
+    synthetic_data: bool = option(False, "generate synthetic sample clips into data_root when it is absent")
+    height: int = option(480, "crop height in pixels (multiple of 8 x patch size)")
+    width: int = option(720, "crop width in pixels (multiple of 8 x patch size)")
+    n_frames: int = option(13, "frames per training clip (4k+1 for every reference VAE family)")
+    min_frame_delta: int = option(1, "smallest frame stride when sampling a clip")
+    max_frame_delta: int = option(3, "largest frame stride when sampling a clip")
+    horizontal_flip: bool = option(True, "random horizontal flip of training clips")
+    short_clip_policy: str = option("skip", "clips shorter than needed: 'skip' (draw another) or 'loop'")
+    max_failed_fraction: float = option(0.05, "stop when more than this fraction of clip draws fail")
+    validation_fraction: float = option(0.01, "share of clips held out, by a stable hash of the path")
+    num_workers: int = option(8, "data loader worker processes per rank")
+    prefetch_factor: int = option(2, "batches each worker prepares ahead")
+    # --- optimisation --------------------------------------------------------------------------
+    max_steps: int = option(100_000, "optimizer steps to train")
+    batch_size_per_gpu: int = option(8, "clips per process per micro-step")
+    gradient_accumulation_steps: int = option(2, "micro-steps per optimizer step")
+    global_batch_size: int = option(128, "clips per optimizer step; must equal per-GPU x processes x accumulation (0 = derive it)")
+    learning_rate: float = option(1e-4, "peak AdamW learning rate of the student")
+    lr_scheduler: str = option("cosine", "diffusers schedule name: cosine, linear, constant_with_warmup, ...")
+    warmup_steps: int = option(2000, "linear warm-up steps")
+    adam_beta1: float = option(0.9, "AdamW beta1")
+    adam_beta2: float = option(0.95, "AdamW beta2")
+    weight_decay: float = option(0.01, "AdamW weight decay")
+    max_grad_norm: float = option(1.0, "gradient clipping norm (DeepSpeed gradient_clipping)")
+    # --- losses --------------------------------------------------------------------------------
+    reconstruction_weight: float = option(10.0, "pixel loss of decode(encode(video)); 0 skips it")
+    encoder_weight: float = option(0.1, "MSE(student latents, reference latents); 0 skips it")
+    decoder_weight: float = option(0.1, "pixel loss of decode(reference latents); 0 skips it")
+    perceptual_weight: float = option(0.1, "LPIPS between decoded and input frames; 0 skips it")
+    seraena_weight: float = option(0.1, "MSE(decoded, Seraena-corrected target); 0 skips it")
+    pixel_loss: str = option("mse", "pixel loss: mse or l1")
+    lpips_weights_path: str = option("", "local LPIPS backbone weights; empty = torch hub cache")
+    seraena_learning_rate: float = option(3e-4, "discriminator AdamW learning rate")
+    seraena_buffer_size: int = option(1024, "replay buffer capacity in frame groups (CPU memory)")
+    # --- logging, validation, checkpoints ------------------------------------------------------
+    log_every: int = option(25, "steps between log lines and TensorBoard scalars")
+    validation_steps: int = option(1000, "steps between validations")
+    validation_samples: int = option(20, "held-out clips per validation")
+    validation_batch_size: int = option(2, "clips per validation batch")
+    best_metric: str = option("psnr", "validation metric that selects best_model/ (higher is better)")
+    early_stopping_patience: int = option(5, "validations without improvement before stopping; 0 = never")
+    checkpointing_steps: int = option(2000, "steps between resumable checkpoints")
+    checkpoints_total_limit: int = option(3, "complete checkpoints kept (older ones removed after a new one is complete)")
+    max_consecutive_bad_steps: int = option(5, "non-finite steps in a row before checkpoint-and-stop")
+    # --- distributed ---------------------------------------------------------------------------
+    nccl_timeout_s: int = option(3600, "collective timeout in seconds (NCCL / gloo)")
+    # --- derived in resolve(); not settable ----------------------------------------------------
+    num_processes: int = option(1, "[derived] processes in this launch")
+    latent_frames: int = option(0, "[derived] latent frames per clip")
+    warmup_fraction: float = option(0.0, "[derived] warmup_steps / max_steps")
+    zero_stage: int = option(0, "[derived] ZeRO stage read from the accelerate file (0 = plain DDP)")
+    mixed_precision: str = option("no", "[derived] precision read from the accelerate file: no, fp16 or bf16")
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+DERIVED_KEYS = {f.name for f in dataclasses.fields(TrainConfig) if f.metadata["help"].startswith("[derived]")}
+SETTABLE_KEYS = [f.name for f in dataclasses.fields(TrainConfig) if f.name not in DERIVED_KEYS]
+FIELD_TYPES = {f.name: type(f.default) for f in dataclasses.fields(TrainConfig)}
+
+
+# ------------------------------------------------------------------------------------------------
+# Loading
+# ------------------------------------------------------------------------------------------------
+
+
+def available_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.py") if not p.stem.startswith("_"))
+
+
+def _read_python_config(path: Path) -> tuple[dict, str | None]:
+    spec = importlib.util.spec_from_file_location(f"taehv_config_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:
+        raise ConfigError(f"config file {path} does not run: {type(error).__name__}: {error}") from error
+    overrides = getattr(module, "overrides", None)
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"config file {path} must define `overrides = dict(key=value, ...)`")
+    return dict(overrides), getattr(module, "base_profile", None)
+
+
+def profile_overrides(profile_or_path: str) -> tuple[dict, str]:
+    """Deltas of a shipped profile or a custom file (optionally on top of `base_profile`)."""
+    if profile_or_path in available_profiles():
+        overrides, _ = _read_python_config(PROFILE_DIR / f"{profile_or_path}.py")
+        return overrides, str(PROFILE_DIR / f"{profile_or_path}.py")
+    path = Path(profile_or_path)
+    if path.suffix != ".py" or not path.is_file():
+        raise ConfigError(
+            f"unknown profile or missing config file {profile_or_path!r}; "
+            f"profiles: {', '.join(available_profiles())}; or give the path of a .py config file"
+        )
+    overrides, base = _read_python_config(path)
+    if base is not None:
+        if base not in available_profiles():
+            raise ConfigError(f"{path}: base_profile {base!r} is not one of {', '.join(available_profiles())}")
+        base_overrides, _ = _read_python_config(PROFILE_DIR / f"{base}.py")
+        overrides = {**base_overrides, **overrides}
+    return overrides, str(path.resolve())
+
+
+def _closest(key: str) -> str:
+    match = difflib.get_close_matches(key, SETTABLE_KEYS, n=1, cutoff=0.5)
+    return f"; did you mean {match[0]!r}?" if match else ""
+
+
+def parse_value(key: str, text: str) -> Any:
+    """A `--set key=value` string to the key's type."""
+    kind = FIELD_TYPES[key]
+    try:
+        if kind is bool:
+            lowered = text.strip().lower()
+            if lowered not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError
+            return lowered in ("true", "1", "yes")
+        if kind is int:
+            number = float(text)  # accepts 1e5 as well as 100000
+            if not number.is_integer():
+                raise ValueError
+            return int(number)
+        if kind is float:
+            return float(text)
+        if kind is tuple:
+            return tuple(int(x) for x in text.split(",") if x.strip())
+        return text
+    except ValueError:
+        raise ConfigError(f"--set {key}={text}: expected {kind.__name__}") from None
+
+
+def parse_set_arguments(items: list[str]) -> dict:
+    parsed = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected key=value")
+        key, text = item.split("=", 1)
+        key = key.strip()
+        if key not in FIELD_TYPES:
+            raise ConfigError(f"--set {key}: unknown config key{_closest(key)}")
+        if key in DERIVED_KEYS:
+            raise ConfigError(f"--set {key}: derived key, computed from the others; set those instead")
+        parsed[key] = parse_value(key, text)
+    return parsed
+
+
+def _check_type(key: str, value: Any, source: str) -> Any:
+    kind = FIELD_TYPES[key]
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is tuple and isinstance(value, list):
+        value = tuple(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ConfigError(f"{source}: {key}={value!r} has type {type(value).__name__}, expected {kind.__name__}")
+    return value
+
+
+def load_config(
+    profile_or_path: str, overrides: list[str] | None = None, num_processes: int | None = None, check_paths: bool = True
+) -> TrainConfig:
+    """Profile -> overrides -> validation -> derived values. Raises ConfigError with one line."""
+    profile_values, source = profile_overrides(profile_or_path)
+    values = {}
+    for key, value in profile_values.items():
+        if key not in FIELD_TYPES or key in DERIVED_KEYS:
+            raise ConfigError(f"{source}: unknown config key {key!r}{_closest(key)}")
+        values[key] = _check_type(key, value, source)
+    values.update(parse_set_arguments(overrides or []))
+    config = TrainConfig(**values)
+    config.num_processes = num_processes if num_processes is not None else config.supported_num_gpus[0]
+    validate(config, check_paths=check_paths)
+    resolve(config)
+    return config
+
+
+# ------------------------------------------------------------------------------------------------
+# Validation and derived values
+# ------------------------------------------------------------------------------------------------
+
+
+def valid_frame_counts(config: TrainConfig, limit: int = 64) -> list[int]:
+    """Reference VAEs of every supported family compress time causally by 4: 4k+1 frames.
+    Autoencoder mode needs whole latent frames of the student: multiples of 4."""
+    if config.use_ref_vae:
+        return [n for n in range(5, limit) if n % 4 == 1]
+    return [n for n in range(4, limit) if n % 4 == 0]
+
+
+def _nearest(value: int, candidates: list[int]) -> str:
+    ordered = sorted(candidates, key=lambda c: (abs(c - value), c))[:2]
+    return " or ".join(str(c) for c in sorted(ordered))
+
+
+def validate(config: TrainConfig, check_paths: bool = True) -> None:
+    c = config
+    if c.model_variant not in VARIANTS:
+        raise ConfigError(f"model_variant={c.model_variant!r} is not a TAEHV variant; choose one of {', '.join(VARIANTS)}")
+    if c.ref_vae_family not in REF_VAE_FAMILIES:
+        raise ConfigError(f"ref_vae_family={c.ref_vae_family!r}: choose one of {', '.join(REF_VAE_FAMILIES)}")
+    frames = valid_frame_counts(c)
+    if c.n_frames not in frames:
+        mode = f"the {c.ref_vae_family} reference VAE (needs 4k+1)" if c.use_ref_vae else "autoencoder mode (needs a multiple of 4)"
+        raise ConfigError(f"n_frames={c.n_frames} gives no whole latent frame count for {mode}: use {_nearest(c.n_frames, frames)}")
+    multiple = 8 * VARIANTS[c.model_variant].patch_size
+    for key in ("height", "width"):
+        value = getattr(c, key)
+        if value <= 0 or value % multiple:
+            raise ConfigError(f"{key}={value} must be a positive multiple of {multiple} for {c.model_variant}: use {max(multiple, value // multiple * multiple)}")
+    if not 1 <= c.min_frame_delta <= c.max_frame_delta:
+        raise ConfigError(f"min_frame_delta={c.min_frame_delta}, max_frame_delta={c.max_frame_delta}: need 1 <= min <= max")
+    for key in ("short_clip_policy", "pixel_loss"):
+        allowed = {"short_clip_policy": ("skip", "loop"), "pixel_loss": ("mse", "l1")}[key]
+        if getattr(c, key) not in allowed:
+            raise ConfigError(f"{key}={getattr(c, key)!r}: choose one of {', '.join(allowed)}")
+    for key in ("max_steps", "batch_size_per_gpu", "gradient_accumulation_steps", "log_every", "validation_steps",
+                "checkpointing_steps", "validation_batch_size", "checkpoints_total_limit", "prefetch_factor"):
+        if getattr(c, key) < 1:
+            raise ConfigError(f"{key}={getattr(c, key)} must be at least 1")
+    for key in ("reconstruction_weight", "encoder_weight", "decoder_weight", "perceptual_weight", "seraena_weight", "learning_rate"):
+        if getattr(c, key) < 0:
+            raise ConfigError(f"{key}={getattr(c, key)} must not be negative")
+    if not c.use_ref_vae and (c.encoder_weight > 0 or c.decoder_weight > 0):
+        raise ConfigError(
+            f"use_ref_vae=False (autoencoder mode) has no reference latents: set encoder_weight=0 and decoder_weight=0 "
+            f"(got {c.encoder_weight} and {c.decoder_weight})"
+        )
+    if c.num_processes not in c.supported_num_gpus:
+        raise ConfigError(
+            f"this profile supports {', '.join(map(str, c.supported_num_gpus))} processes, got {c.num_processes}: "
+            "pick the profile for your GPU count or use `custom`"
+        )
+    expected = c.batch_size_per_gpu * c.num_processes * c.gradient_accumulation_steps
+    if c.global_batch_size not in (0, expected):
+        raise ConfigError(
+            f"global_batch_size={c.global_batch_size} but batch_size_per_gpu {c.batch_size_per_gpu} x processes "
+            f"{c.num_processes} x gradient_accumulation_steps {c.gradient_accumulation_steps} = {expected}: make them agree"
+        )
+    for key in ("warmup_steps", "log_every", "validation_steps", "checkpointing_steps"):
+        if getattr(c, key) > c.max_steps:
+            raise ConfigError(f"{key}={getattr(c, key)} exceeds max_steps={c.max_steps}: lower it or raise max_steps")
+    if not (ACCELERATE_CONFIG_DIR / c.accelerate_config).is_file():
+        raise ConfigError(f"accelerate_config={c.accelerate_config!r}: no such file in {ACCELERATE_CONFIG_DIR}")
+    if check_paths:
+        check_required_paths(c)
+
+
+def check_required_paths(c: TrainConfig) -> None:
+    """Existing paths for the keys that need them, named with their key."""
+    if c.pretrained_model_path and not Path(c.pretrained_model_path).is_file():
+        raise ConfigError(f"pretrained_model_path={c.pretrained_model_path!r} does not exist: fix the path or set it to '' to train from scratch")
+    if c.use_ref_vae and not Path(c.ref_vae_path).exists() and not HUB_ID.match(c.ref_vae_path):
+        raise ConfigError(f"ref_vae_path={c.ref_vae_path!r} is neither a local folder nor a hub id: fix the path")
+    if not c.synthetic_data and not Path(c.data_root).is_dir():
+        raise ConfigError(f"data_root={c.data_root!r} is not a folder: fix the path (or set synthetic_data=true)")
+    if c.index_path and not Path(c.index_path).is_file():
+        raise ConfigError(f"index_path={c.index_path!r} does not exist: fix the path or set it to '' to scan data_root")
+    if c.lpips_weights_path and not Path(c.lpips_weights_path).is_file():
+        raise ConfigError(f"lpips_weights_path={c.lpips_weights_path!r} does not exist: fix the path")
+
+
+def read_accelerate_file(accelerate_config: str) -> dict:
+    import yaml
+
+    return yaml.safe_load((ACCELERATE_CONFIG_DIR / accelerate_config).read_text())
+
+
+def resolve(c: TrainConfig) -> None:
+    """Derived values, computed once after every override."""
+    c.latent_frames = -(-c.n_frames // 4)
+    c.warmup_fraction = round(c.warmup_steps / c.max_steps, 6)
+    if c.global_batch_size == 0:
+        c.global_batch_size = c.batch_size_per_gpu * c.num_processes * c.gradient_accumulation_steps
+    accelerate_file = read_accelerate_file(c.accelerate_config)
+    deepspeed = accelerate_file.get("deepspeed_config") or {}
+    c.zero_stage = int(deepspeed.get("zero_stage", 0)) if accelerate_file.get("distributed_type") == "DEEPSPEED" else 0
+    c.mixed_precision = str(accelerate_file.get("mixed_precision", "no"))
+
+
+def write_resolved_config(config: TrainConfig, run_dir: Path) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "resolved_config.json"
+    temporary = path.with_suffix(".json.tmp")
+    temporary.write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+    temporary.replace(path)
+    return path
+
+
+def config_summary(config: TrainConfig) -> str:
+    return json.dumps(config.to_dict(), indent=2)
+
+
+def configuration_markdown() -> str:
+    """docs/configuration.md, generated from the base so it cannot drift."""
+    lines = [
+        "# Configuration keys",
+        "",
+        "Generated from `training/config.py` by `python -m training.config --markdown > docs/configuration.md`;",
+        "a test fails when this file is out of date. Profiles in `training/configs/` state only what differs.",
+        "Set any key at launch with `--set key=value` (repeatable).",
+        "",
+        "| key | type | default | meaning |",
+        "|---|---|---|---|",
+    ]
+    for f in dataclasses.fields(TrainConfig):
+        lines.append(f"| `{f.name}` | {type(f.default).__name__} | `{f.default!r}` | {f.metadata['help']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI used by the launchers: validate and print the resolved config (or shell variables)."""
+    import argparse
+    import shlex
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m training.config", description="Resolve and validate a training config.")
+    parser.add_argument("profile", nargs="?", help="profile name or path of a .py config file")
+    parser.add_argument("--num-processes", type=int)
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--no-check-paths", action="store_true", help="skip the existence checks of paths")
+    parser.add_argument("--shell", action="store_true", help="print KEY=value lines for the launchers")
+    parser.add_argument("--markdown", action="store_true", help="print docs/configuration.md")
+    args = parser.parse_args(argv)
+    if args.markdown:
+        sys.stdout.write(configuration_markdown())
+        return 0
+    if not args.profile:
+        parser.error("a profile or config file is required")
+    try:
+        config = load_config(args.profile, args.overrides, args.num_processes, check_paths=not args.no_check_paths)
+        _, source = profile_overrides(args.profile)
+    except ConfigError as error:
+        print(f"config error: {error}", file=sys.stderr)
+        return 2
+    if args.shell:
+        shell_values = {
+            "CONFIG_SOURCE": source,
+            "ACCELERATE_CONFIG_FILE": str(ACCELERATE_CONFIG_DIR / config.accelerate_config),
+            "CONFIG_ZERO_STAGE": config.zero_stage,
+            "CONFIG_MIXED_PRECISION": config.mixed_precision,
+            "CONFIG_NCCL_TIMEOUT_S": config.nccl_timeout_s,
+            "CONFIG_GLOBAL_BATCH": config.global_batch_size,
+            "CONFIG_OUTPUT_DIR": config.output_dir,
+            "CONFIG_DATA_ROOT": config.data_root,
+            "CONFIG_PRETRAINED": config.pretrained_model_path,
+            "CONFIG_REF_VAE": config.ref_vae_path if config.use_ref_vae else "(autoencoder mode)",
+        }
+        for key, value in shell_values.items():
+            print(f"{key}={shlex.quote(str(value))}")
+    else:
+        print(config_summary(config))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,32 @@
+"""The embedded default: any laptop or CI machine, 1 or 2 CPU processes, autoencoder mode on
+synthetic clips (nothing to download). Global batch: 4 per process x processes x 1 accumulation."""
+
+overrides = dict(
+    supported_num_gpus=(1, 2),
+    accelerate_config="deepspeed_cpu.yaml",
+    model_variant="taehv",
+    pretrained_model_path="",
+    use_ref_vae=False,
+    encoder_weight=0.0,
+    decoder_weight=0.0,
+    perceptual_weight=0.0,
+    seraena_weight=0.0,
+    data_root="data/synthetic",
+    synthetic_data=True,
+    height=64,
+    width=64,
+    n_frames=8,
+    batch_size_per_gpu=4,
+    gradient_accumulation_steps=1,
+    global_batch_size=0,
+    learning_rate=1e-3,
+    max_steps=300,
+    warmup_steps=20,
+    ema_decay=0.99,
+    num_workers=1,
+    log_every=10,
+    validation_steps=100,
+    validation_samples=4,
+    checkpointing_steps=100,
+    nccl_timeout_s=600,
+)
