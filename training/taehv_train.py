@@ -1,0 +1,436 @@
+"""TAEHV training entry point, started by the launchers through `accelerate launch`:
+
+    accelerate launch --config_file accelerate_configs/deepspeed_cpu.yaml --num_processes 2 \
+        training/taehv_train.py --config test --output-dir output/run1 [--set key=value] [--resume latest]
+
+Reads like a table of contents: config -> run folder -> accelerator -> model, data, optimizer ->
+train steps with logging and checkpoints -> final export.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file by accelerate launch: make the repo importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from training.config import ConfigError, TrainConfig, load_config, write_resolved_config  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Train TAEHV (started by train_taehv_h100.sh).")
+    parser.add_argument("--config", required=True, help="profile name or path of a .py config file")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--output-dir", help="the run folder (overrides output_dir)")
+    parser.add_argument("--resume", help="checkpoint folder, or 'latest' for the newest complete one of the run")
+    parser.add_argument("--max-steps", type=int, help="shorthand for --set max_steps=N")
+    return parser.parse_args(argv)
+
+
+def load_run_config(args: argparse.Namespace) -> TrainConfig:
+    overrides = list(args.overrides)
+    if args.max_steps is not None:
+        overrides.append(f"max_steps={args.max_steps}")
+    if args.output_dir:
+        overrides.append(f"output_dir={args.output_dir}")
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    config = load_config(args.config, overrides, num_processes=world_size)
+    if not config.output_dir:
+        if world_size > 1:
+            raise ConfigError("several processes need one run folder: pass --output-dir (the launchers do)")
+        config.output_dir = f"output/{datetime.now():%Y%m%d_%H%M%S}"
+    return config
+
+
+def prepare_run_dir(config: TrainConfig) -> Path:
+    """Rank 0 creates the run folder, writes resolved_config.json and points output/latest at it."""
+    run_dir = Path(config.output_dir)
+    if int(os.environ.get("RANK", "0")) == 0:
+        write_resolved_config(config, run_dir)
+        if run_dir.parent.name == "output" and run_dir.name != "latest":
+            latest = run_dir.parent / "latest"
+            temporary = run_dir.parent / ".latest.tmp"
+            temporary.unlink(missing_ok=True)
+            temporary.symlink_to(run_dir.name)
+            temporary.replace(latest)
+    return run_dir
+
+
+# ------------------------------------------------------------------------------------------------
+# Builders
+# ------------------------------------------------------------------------------------------------
+
+
+def build_accelerator(config: TrainConfig, run_dir: Path):
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs, ProjectConfiguration
+
+    # accelerate finds no backend under DeepSpeed without a GPU and then reports one process;
+    # naming the backend keeps every rank's view of the world correct on CPU as on GPU.
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    process_group = InitProcessGroupKwargs(backend=backend, timeout=timedelta(seconds=config.nccl_timeout_s))
+    accelerator = Accelerator(
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        step_scheduler_with_optimizer=False,  # the loop steps the schedule once per optimizer step
+        log_with="tensorboard",
+        project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "logs")),
+        kwargs_handlers=[process_group],
+    )
+    if accelerator.num_processes != config.num_processes:
+        raise RuntimeError(f"launched {accelerator.num_processes} processes but the config resolved {config.num_processes}")
+    deepspeed_plugin = accelerator.state.deepspeed_plugin
+    launched_stage = deepspeed_plugin.zero_stage if deepspeed_plugin is not None else 0
+    if launched_stage != config.zero_stage:
+        raise RuntimeError(
+            f"launched with ZeRO stage {launched_stage} but accelerate_config={config.accelerate_config} says "
+            f"{config.zero_stage}: launch with that file, or --set accelerate_config=<the file you launch with>"
+        )
+    if deepspeed_plugin is not None:
+        deepspeed_plugin.deepspeed_config["gradient_clipping"] = config.max_grad_norm
+    return accelerator
+
+
+def model_dtype(model):
+    """DeepSpeed bf16/fp16 casts the module itself; inputs follow it, losses stay in fp32."""
+    return next(model.parameters()).dtype
+
+
+def build_model(config: TrainConfig):
+    from models.taehv import TAEHV
+
+    if config.pretrained_model_path:
+        model = TAEHV.from_pretrained(config.pretrained_model_path, variant=config.model_variant)
+    else:
+        model = TAEHV(config.model_variant)
+    return model.set_gradient_checkpointing(config.gradient_checkpointing).train()
+
+
+def build_datasets(config: TrainConfig):
+    from training.dataset import VideoClipDataset, split_videos
+
+    data_root = Path(config.data_root)
+    if config.synthetic_data and not data_root.is_dir():
+        from scripts.make_synthetic_clips import make_clips
+
+        make_clips(data_root, count=48, seed=0)
+    train_paths, validation_paths = split_videos(data_root, config.validation_fraction)
+    common = dict(n_frames=config.n_frames, height=config.height, width=config.width,
+                  loop_short_clips=config.short_clip_policy == "loop", seed=config.seed)
+    train = VideoClipDataset(train_paths, min_frame_delta=config.min_frame_delta, max_frame_delta=config.max_frame_delta,
+                             train=True, horizontal_flip=config.horizontal_flip, **common)
+    validation = VideoClipDataset(validation_paths, train=False, **common)
+    return train, validation
+
+
+def build_train_loader(config: TrainConfig, dataset):
+    import torch
+    from torch.utils.data import DataLoader
+
+    return DataLoader(
+        dataset,
+        batch_size=config.batch_size_per_gpu,
+        shuffle=True,
+        drop_last=True,
+        num_workers=config.num_workers,
+        prefetch_factor=config.prefetch_factor if config.num_workers > 0 else None,
+        pin_memory=torch.cuda.is_available(),
+        generator=torch.Generator().manual_seed(config.seed),
+    )
+
+
+def build_optimizer(config: TrainConfig, model):
+    import torch
+    from diffusers.optimization import get_scheduler
+
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2),
+        weight_decay=config.weight_decay,
+    )
+    scheduler = get_scheduler(config.lr_scheduler, optimizer, num_warmup_steps=config.warmup_steps,
+                              num_training_steps=config.max_steps)
+    return optimizer, scheduler
+
+
+# ------------------------------------------------------------------------------------------------
+# Training state, checkpoints, export
+# ------------------------------------------------------------------------------------------------
+
+
+class Progress:
+    """Step counter saved with every checkpoint (registered with accelerate)."""
+
+    def __init__(self):
+        self.step = 0
+
+    def state_dict(self) -> dict:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state["step"])
+
+
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """Checkpoint folders that were moved into place, oldest first (temporary ones never count)."""
+    folders = [p for p in (run_dir / "checkpoints").glob("checkpoint-*") if p.is_dir() and p.name.split("-")[1].isdigit()]
+    return sorted(folders, key=lambda p: int(p.name.split("-")[1]))
+
+
+def find_resume_checkpoint(resume: str, run_dir: Path) -> Path:
+    if resume != "latest":
+        path = Path(resume)
+        if not path.is_dir():
+            raise ConfigError(f"--resume {resume}: no such checkpoint folder")
+        return path
+    checkpoints = complete_checkpoints(run_dir)
+    if not checkpoints:
+        raise ConfigError(f"--resume latest: no complete checkpoint in {run_dir / 'checkpoints'}")
+    return checkpoints[-1]
+
+
+def save_checkpoint(accelerator, config: TrainConfig, run_dir: Path, step: int) -> Path:
+    """Written to a temporary folder, then renamed: a crash mid-save never leaves a folder that
+    resume would pick. Older checkpoints beyond the limit go only after the new one is complete."""
+    final = run_dir / "checkpoints" / f"checkpoint-{step}"
+    temporary = run_dir / "checkpoints" / f".tmp-checkpoint-{step}"
+    if accelerator.is_main_process:
+        shutil.rmtree(temporary, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(temporary))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        if final.exists():
+            shutil.rmtree(final)
+        temporary.rename(final)
+        for old in complete_checkpoints(run_dir)[: -config.checkpoints_total_limit]:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def export_model(accelerator, model, config: TrainConfig, folder: Path, step: int) -> None:
+    """Public-format weights (.pth and .safetensors) plus model_info.json, written atomically."""
+    import torch
+    from safetensors.torch import save_file
+
+    from models.taehv import write_model_info
+
+    state_dict = full_state_dict(accelerator, model)
+    if not accelerator.is_main_process:
+        return
+    temporary = folder.with_name(f".tmp-{folder.name}")
+    shutil.rmtree(temporary, ignore_errors=True)
+    temporary.mkdir(parents=True)
+    torch.save(state_dict, temporary / "taehv.pth")
+    save_file(state_dict, str(temporary / "taehv.safetensors"))
+    write_model_info(accelerator.unwrap_model(model), temporary, step=step)
+    if folder.exists():
+        shutil.rmtree(folder)
+    temporary.rename(folder)
+
+
+def full_state_dict(accelerator, model) -> dict:
+    """The whole model as fp32 CPU tensors on every rank; ZeRO-3 partitions are gathered.
+    (With bf16 training these are the bf16 module weights, not DeepSpeed's fp32 master copy.)"""
+    unwrapped = accelerator.unwrap_model(model)
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is not None and plugin.zero_stage == 3:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(unwrapped.parameters()), modifier_rank=None):
+            return {k: v.detach().float().cpu().clone() for k, v in unwrapped.state_dict().items()}
+    return {k: v.detach().float().cpu().clone() for k, v in unwrapped.state_dict().items()}
+
+
+def weights_fingerprint(state_dict: dict) -> str:
+    """sha256 of the weights (ranks of one job must agree)."""
+    digest = hashlib.sha256()
+    for key in sorted(state_dict):
+        digest.update(key.encode())
+        digest.update(state_dict[key].numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+# ------------------------------------------------------------------------------------------------
+# The loop
+# ------------------------------------------------------------------------------------------------
+
+
+class RunLog:
+    """Rank 0: plain lines to stdout and <run>/train.log."""
+
+    def __init__(self, run_dir: Path, enabled: bool):
+        self.enabled = enabled
+        self.file = open(run_dir / "train.log", "a") if enabled else None
+
+    def line(self, text: str) -> None:
+        if self.enabled:
+            stamped = f"{datetime.now():%Y-%m-%d %H:%M:%S} {text}"
+            print(stamped, flush=True)
+            self.file.write(stamped + "\n")
+            self.file.flush()
+
+
+def aligned_frames(video, decoded):
+    """Decoded frame j shows input frame j (the decoder's leading warm-up frames are trimmed)."""
+    return video[:, : decoded.shape[1]]
+
+
+def pixel_loss(config: TrainConfig, prediction, target):
+    import torch.nn.functional as F
+
+    return F.l1_loss(prediction, target) if config.pixel_loss == "l1" else F.mse_loss(prediction, target)
+
+
+def psnr(prediction, target):
+    import torch
+
+    mse = (prediction.float() - target.float()).pow(2).flatten(1).mean(1).clamp_min(1e-10)
+    return -10 * torch.log10(mse)
+
+
+def train_step(accelerator, model, optimizer, scheduler, batch, config: TrainConfig) -> dict:
+    """One micro-step of autoencoder reconstruction: decode(encode(video)) against the aligned
+    input frames. Returns detached tensors; nothing here syncs with the device."""
+    video = batch.float() / 255  # N,T,3,H,W in [0, 1]
+    with accelerator.accumulate(model):
+        decoded = model(video.to(model_dtype(model))).float()
+        target = aligned_frames(video, decoded)
+        reconstruction = pixel_loss(config, decoded, target)
+        loss = config.reconstruction_weight * reconstruction
+        accelerator.backward(loss)
+        if accelerator.sync_gradients and accelerator.state.deepspeed_plugin is None:
+            accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+        optimizer.step()
+        if accelerator.sync_gradients:
+            scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+    return {"loss": loss.detach(), "reconstruction": reconstruction.detach(), "psnr": psnr(decoded.detach(), target).mean()}
+
+
+def validate(accelerator, model, dataset, config: TrainConfig) -> dict:
+    """Mean PSNR over the held-out clips. Every rank runs the same number of forwards (ZeRO-3
+    gathers parameters collectively); wrapped-around duplicates are not counted."""
+    import torch
+
+    count = min(config.validation_samples, len(dataset))
+    per_rank = -(-count // accelerator.num_processes)
+    totals = torch.zeros(2, device=accelerator.device)  # sum of PSNR, number of clips
+    model.eval()
+    with torch.no_grad():
+        for position in range(per_rank):
+            index = position * accelerator.num_processes + accelerator.process_index
+            video = dataset[index % count][None].to(accelerator.device).float() / 255
+            decoded = model(video.to(model_dtype(model))).float()
+            if index < count:
+                totals += torch.stack([psnr(decoded, aligned_frames(video, decoded)).sum(), torch.tensor(1.0, device=accelerator.device)])
+    model.train()
+    totals = accelerator.reduce(totals, reduction="sum")
+    return {"psnr": (totals[0] / totals[1]).item()}
+
+
+def memory_gb(device) -> float:
+    import resource
+
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # kB -> GB (peak RSS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        config = load_run_config(args)
+    except ConfigError as error:
+        print(f"config error: {error}", file=sys.stderr)
+        return 2
+    run_dir = prepare_run_dir(config)
+    resume_from = None
+    if args.resume:
+        try:
+            resume_from = find_resume_checkpoint(args.resume, run_dir)
+        except ConfigError as error:
+            print(f"resume error: {error}", file=sys.stderr)
+            return 2
+
+    import torch
+    from accelerate.utils import set_seed
+
+    accelerator = build_accelerator(config, run_dir)
+    log = RunLog(run_dir, accelerator.is_main_process)
+    set_seed(config.seed, device_specific=True)
+    model = build_model(config)
+    train_dataset, validation_dataset = build_datasets(config)
+    train_loader = build_train_loader(config, train_dataset)
+    optimizer, scheduler = build_optimizer(config, model)
+    model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
+    progress = Progress()
+    accelerator.register_for_checkpointing(scheduler, progress)
+    accelerator.init_trackers("taehv")
+    log.line(f"run folder {run_dir} | {accelerator.num_processes} processes | ZeRO {config.zero_stage} | "
+             f"global batch {config.global_batch_size} | {len(train_dataset)} train / {len(validation_dataset)} validation clips")
+    if resume_from is not None:
+        accelerator.load_state(str(resume_from))
+        log.line(f"resumed from {resume_from} at step {progress.step}")
+
+    micro_steps_per_epoch = len(train_loader)
+    micro_step = progress.step * config.gradient_accumulation_steps
+    last_log_time, data_wait, window = time.perf_counter(), 0.0, []
+    while progress.step < config.max_steps:
+        epoch, skip = divmod(micro_step, micro_steps_per_epoch)
+        train_dataset.epoch = epoch
+        train_loader.set_epoch(epoch)
+        batches = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
+        fetch_start = time.perf_counter()
+        for batch in batches:
+            data_wait += time.perf_counter() - fetch_start
+            window.append(train_step(accelerator, model, optimizer, scheduler, batch, config))
+            micro_step += 1
+            if accelerator.sync_gradients:
+                progress.step += 1
+                step = progress.step
+                if step % config.log_every == 0 or step == config.max_steps:
+                    elapsed = time.perf_counter() - last_log_time
+                    scalars = {f"train/{k}": torch.stack([w[k] for w in window]).mean().item() for k in window[0]}
+                    scalars.update({
+                        "train/lr": scheduler.get_last_lr()[0],
+                        "train/samples_per_second": len(window) * config.batch_size_per_gpu * accelerator.num_processes / elapsed,
+                        "train/data_wait_fraction": data_wait / elapsed,
+                        "train/gpu_memory_gb": memory_gb(accelerator.device),
+                    })
+                    accelerator.log(scalars, step=step)
+                    log.line(f"Step {step}/{config.max_steps} | Loss: {scalars['train/loss']:.4f} | "
+                             f"PSNR: {scalars['train/psnr']:.2f} dB | GPU: {scalars['train/gpu_memory_gb']:.1f}GB | "
+                             f"{config.log_every / elapsed:.2f} steps/sec")
+                    last_log_time, data_wait, window = time.perf_counter(), 0.0, []
+                if step % config.validation_steps == 0 or step == config.max_steps:
+                    metrics = validate(accelerator, model, validation_dataset, config)
+                    accelerator.log({f"val/{k}": v for k, v in metrics.items()}, step=step)
+                    log.line(f"Validation at step {step} | PSNR: {metrics['psnr']:.2f} dB")
+                if step % config.checkpointing_steps == 0 or step == config.max_steps:
+                    saved = save_checkpoint(accelerator, config, run_dir, step)
+                    log.line(f"checkpoint {saved}")
+                if step >= config.max_steps:
+                    break
+            fetch_start = time.perf_counter()
+
+    export_model(accelerator, model, config, run_dir / "final", progress.step)
+    print(f"rank {accelerator.process_index} of {accelerator.num_processes}: final weights fingerprint "
+          f"{weights_fingerprint(full_state_dict(accelerator, model))}", flush=True)
+    log.line(f"done at step {progress.step}: exported {run_dir / 'final'}")
+    accelerator.end_training()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
