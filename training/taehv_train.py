@@ -32,6 +32,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output-dir", help="the run folder (overrides output_dir)")
     parser.add_argument("--resume", help="checkpoint folder, or 'latest' for the newest complete one of the run")
     parser.add_argument("--max-steps", type=int, help="shorthand for --set max_steps=N")
+    parser.add_argument("--torch-profile", action="store_true", help="trace a few steps into <run>/profile/")
     return parser.parse_args(argv)
 
 
@@ -347,6 +348,25 @@ def memory_gb(device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # kB -> GB (peak RSS)
 
 
+def start_profiler(run_dir: Path, rank: int):
+    """torch.profiler over steps 2-4 (after one warm-up step); one Chrome trace per rank."""
+    import torch
+
+    folder = run_dir / "profile"
+    folder.mkdir(parents=True, exist_ok=True)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    profiler = torch.profiler.profile(
+        activities=activities,
+        schedule=torch.profiler.schedule(wait=0, warmup=1, active=3, repeat=1),
+        on_trace_ready=lambda p: p.export_chrome_trace(str(folder / f"trace_rank{rank}.json")),
+        record_shapes=True,
+    )
+    profiler.start()
+    return profiler
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -383,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         accelerator.load_state(str(resume_from))
         log.line(f"resumed from {resume_from} at step {progress.step}")
 
+    profiler = start_profiler(run_dir, accelerator.process_index) if args.torch_profile else None
     micro_steps_per_epoch = len(train_loader)
     micro_step = progress.step * config.gradient_accumulation_steps
     last_log_time, data_wait, window = time.perf_counter(), 0.0, []
@@ -399,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
             if accelerator.sync_gradients:
                 progress.step += 1
                 step = progress.step
+                if profiler is not None:
+                    profiler.step()
                 if step % config.log_every == 0 or step == config.max_steps:
                     elapsed = time.perf_counter() - last_log_time
                     scalars = {f"train/{k}": torch.stack([w[k] for w in window]).mean().item() for k in window[0]}
@@ -424,6 +447,8 @@ def main(argv: list[str] | None = None) -> int:
                     break
             fetch_start = time.perf_counter()
 
+    if profiler is not None:
+        profiler.stop()
     export_model(accelerator, model, config, run_dir / "final", progress.step)
     print(f"rank {accelerator.process_index} of {accelerator.num_processes}: final weights fingerprint "
           f"{weights_fingerprint(full_state_dict(accelerator, model))}", flush=True)

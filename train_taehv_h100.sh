@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# Train TAEHV on one machine (or one node, when start_multinode_platform.sh calls it).
+# Run with --help for usage.
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$REPO_ROOT"
+
+usage() {
+  cat <<'EOF'
+Usage: train_taehv_h100.sh NGPU PROFILE [CONFIG_PATH] [options]
+
+  NGPU      processes on this machine (GPUs, or CPU processes for cpu/test)
+  PROFILE   1gpu_h100 | h100 (8, 16 or 64: picks the module from NGPU x nodes) | a800 | cpu | test
+            | custom CONFIG_PATH (a .py file with `overrides = dict(...)`)
+
+Options:
+  --resume PATH|latest   continue from a checkpoint folder, or the newest complete one of the run
+  --output-dir DIR       the run folder (default output/<timestamp>, with output/latest -> it)
+  --max-steps N          stop after N optimizer steps
+  --set KEY=VALUE        override any config key (repeatable); see docs/configuration.md
+  --debug                verbose logs, NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL
+  --profile              write a torch.profiler trace of a few steps into <run>/profile/
+  --dry-run              print the resolved config, files, process counts, environment and
+                         the exact accelerate command, then exit without training
+  -h, --help             this text
+
+Environment (defaults in brackets): PYTHON [.venv/bin/python if present, else python3],
+MASTER_ADDR [127.0.0.1], MASTER_PORT [29500], NUM_MACHINES [1], MACHINE_RANK [0];
+every NCCL_*/CUDA/allocator variable set below keeps the caller's value when already set.
+EOF
+}
+
+if [[ -t 1 ]]; then RED=$'\e[31m'; GREEN=$'\e[32m'; BOLD=$'\e[1m'; RESET=$'\e[0m'; else RED=""; GREEN=""; BOLD=""; RESET=""; fi
+die() { echo "${RED}error:${RESET} $*" >&2; exit 2; }
+# A dry run starts nothing: machine problems are reported as warnings there, errors otherwise.
+machine_problem() { if (( DRY_RUN )); then echo "warning: $*" >&2; else die "$*"; fi; }
+
+# ---------------------------------------------------------------- arguments
+[[ $# -ge 1 && ( "$1" == "-h" || "$1" == "--help" ) ]] && { usage; exit 0; }
+[[ $# -ge 2 ]] || { usage >&2; exit 2; }
+NGPU="$1"; PROFILE="$2"; shift 2
+[[ "$NGPU" =~ ^[1-9][0-9]*$ ]] || die "NGPU must be a positive integer, got '$NGPU'"
+CONFIG_PATH=""
+if [[ "$PROFILE" == "custom" ]]; then
+  [[ $# -ge 1 && "$1" != --* ]] || die "custom needs a config file: train_taehv_h100.sh $NGPU custom training/configs/my_run.py"
+  CONFIG_PATH="$1"; shift
+  [[ -f "$CONFIG_PATH" ]] || die "config file not found: $CONFIG_PATH"
+fi
+
+RESUME=""; OUTPUT_DIR=""; MAX_STEPS=""; DEBUG=0; TORCH_PROFILE=0; DRY_RUN=0; SETS=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --resume) [[ $# -ge 2 ]] || die "--resume needs PATH or latest"; RESUME="$2"; shift 2 ;;
+    --output-dir) [[ $# -ge 2 ]] || die "--output-dir needs a folder"; OUTPUT_DIR="$2"; shift 2 ;;
+    --max-steps) [[ $# -ge 2 && "$2" =~ ^[1-9][0-9]*$ ]] || die "--max-steps needs a positive integer"; MAX_STEPS="$2"; shift 2 ;;
+    --set) [[ $# -ge 2 && "$2" == *=* ]] || die "--set needs KEY=VALUE"; SETS+=("$2"); shift 2 ;;
+    --debug) DEBUG=1; shift ;;
+    --profile) TORCH_PROFILE=1; shift ;;
+    --dry-run) DRY_RUN=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) die "unknown option '$1' (see --help)" ;;
+  esac
+done
+
+NUM_MACHINES="${NUM_MACHINES:-1}"
+MACHINE_RANK="${MACHINE_RANK:-0}"
+MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
+MASTER_PORT="${MASTER_PORT:-29500}"
+TOTAL_PROCESSES=$((NGPU * NUM_MACHINES))
+if [[ -z "${PYTHON:-}" ]]; then
+  if [[ -x "$REPO_ROOT/.venv/bin/python" ]]; then PYTHON="$REPO_ROOT/.venv/bin/python"; else PYTHON=python3; fi
+fi
+
+# ---------------------------------------------------------------- profile -> config module
+case "$PROFILE" in
+  h100)
+    case "$TOTAL_PROCESSES" in
+      8) CONFIG="h100" ;; 16) CONFIG="16gpu_h100" ;; 64) CONFIG="64gpu_h100" ;;
+      *) die "profile h100 supports 8, 16 or 64 GPUs in total, got $TOTAL_PROCESSES (use 1gpu_h100 for one GPU, or custom)" ;;
+    esac ;;
+  1gpu_h100|a800|cpu|test|16gpu_h100|64gpu_h100) CONFIG="$PROFILE" ;;
+  custom) CONFIG="$CONFIG_PATH" ;;
+  *) die "unknown profile '$PROFILE': use 1gpu_h100, h100, a800, cpu, test or custom CONFIG_PATH" ;;
+esac
+CPU_PROFILE=0
+[[ "$PROFILE" == "cpu" || "$PROFILE" == "test" ]] && CPU_PROFILE=1
+
+# The run folder: --output-dir; else the run being resumed; else a new output/<timestamp>.
+if [[ -z "$OUTPUT_DIR" && "$RESUME" == "latest" ]]; then
+  [[ -e output/latest ]] || die "--resume latest without --output-dir needs output/latest: no earlier run found"
+  OUTPUT_DIR="output/$(readlink output/latest)"
+elif [[ -z "$OUTPUT_DIR" && -n "$RESUME" ]]; then
+  [[ -d "$RESUME" ]] || die "--resume $RESUME: no such checkpoint folder"
+  OUTPUT_DIR="$(dirname "$(dirname "$RESUME")")"
+fi
+[[ -z "$OUTPUT_DIR" ]] && OUTPUT_DIR="output/$(date +%Y%m%d_%H%M%S)"
+[[ -n "$MAX_STEPS" ]] && SETS+=("max_steps=$MAX_STEPS")
+SET_ARGS=(); for item in "${SETS[@]+"${SETS[@]}"}"; do SET_ARGS+=(--set "$item"); done
+
+# ---------------------------------------------------------------- resolve and validate (no training yet)
+RESOLVED="$("$PYTHON" -m training.config "$CONFIG" --num-processes "$TOTAL_PROCESSES" \
+  --set "output_dir=$OUTPUT_DIR" "${SET_ARGS[@]+"${SET_ARGS[@]}"}" --shell)" || exit 2
+eval "$RESOLVED"
+[[ -f "$ACCELERATE_CONFIG_FILE" ]] || die "accelerate file not found: $ACCELERATE_CONFIG_FILE"
+
+# Collectives time out later on bigger jobs: at least 30 minutes per node.
+if (( NUM_MACHINES > 1 && CONFIG_NCCL_TIMEOUT_S < 1800 * NUM_MACHINES )); then
+  SETS+=("nccl_timeout_s=$((1800 * NUM_MACHINES))"); SET_ARGS+=(--set "nccl_timeout_s=$((1800 * NUM_MACHINES))")
+fi
+
+# ---------------------------------------------------------------- machine checks
+if (( CPU_PROFILE )); then
+  GPU_IDS="none (CPU profile)"
+else
+  VISIBLE_GPUS="$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)"
+  (( VISIBLE_GPUS >= NGPU )) || machine_problem "asked for $NGPU GPUs but $VISIBLE_GPUS are visible (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-unset}); lower NGPU or free GPUs"
+  GPU_IDS="${CUDA_VISIBLE_DEVICES:-$(seq -s, 0 $((NGPU - 1)))}"
+fi
+if [[ "$MACHINE_RANK" == "0" ]]; then
+  "$PYTHON" - "$MASTER_PORT" <<'PY' || machine_problem "master port $MASTER_PORT is busy: set MASTER_PORT to a free port"
+import socket, sys
+with socket.socket() as s:
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", int(sys.argv[1])))
+PY
+fi
+
+# ---------------------------------------------------------------- environment (caller's values win)
+ENV_NAMES=()
+setenv() { local name="$1" value="$2"; if [[ -z "${!name+x}" ]]; then export "$name=$value"; fi; ENV_NAMES+=("$name"); }
+if (( CPU_PROFILE )); then
+  setenv OMP_NUM_THREADS "$(( $(nproc) / NGPU > 0 ? $(nproc) / NGPU : 1 ))"
+else
+  setenv OMP_NUM_THREADS 8
+  setenv PYTORCH_CUDA_ALLOC_CONF "expandable_segments:True"
+  setenv TORCH_NCCL_ASYNC_ERROR_HANDLING 1
+  setenv NCCL_P2P_DISABLE 0
+  setenv NCCL_IB_DISABLE 0
+  if (( NUM_MACHINES > 1 )); then
+    setenv NCCL_BUFFSIZE 8388608
+    setenv NCCL_IB_TIMEOUT 22
+    setenv NCCL_CROSS_NIC 0
+  fi
+  [[ "$PROFILE" == "a800" ]] && setenv NCCL_P2P_LEVEL NVL
+fi
+if (( DEBUG )); then
+  setenv NCCL_DEBUG INFO
+  setenv TORCH_DISTRIBUTED_DEBUG DETAIL
+  setenv TAEHV_LOG_LEVEL DEBUG
+fi
+
+# ---------------------------------------------------------------- the command
+LAUNCH=("$PYTHON" -m accelerate.commands.launch
+  --config_file "$ACCELERATE_CONFIG_FILE"
+  --num_processes "$TOTAL_PROCESSES" --num_machines "$NUM_MACHINES" --machine_rank "$MACHINE_RANK"
+  --main_process_ip "$MASTER_ADDR" --main_process_port "$MASTER_PORT")
+(( NUM_MACHINES > 1 )) && LAUNCH+=(--deepspeed_multinode_launcher standard)
+LAUNCH+=(training/taehv_train.py --config "$CONFIG" --output-dir "$OUTPUT_DIR" "${SET_ARGS[@]+"${SET_ARGS[@]}"}")
+[[ -n "$RESUME" ]] && LAUNCH+=(--resume "$RESUME")
+(( TORCH_PROFILE )) && LAUNCH+=(--torch-profile)
+
+cat <<EOF
+${BOLD}TAEHV training${RESET}
+  profile          $PROFILE -> $CONFIG_SOURCE
+  accelerate file  $ACCELERATE_CONFIG_FILE (ZeRO $CONFIG_ZERO_STAGE, $CONFIG_MIXED_PRECISION)
+  processes        $NGPU per machine x $NUM_MACHINES machine(s) = $TOTAL_PROCESSES (this is machine $MACHINE_RANK)
+  GPUs             $GPU_IDS
+  global batch     $CONFIG_GLOBAL_BATCH
+  master           $MASTER_ADDR:$MASTER_PORT
+  run folder       $OUTPUT_DIR
+  resume           ${RESUME:-no}
+  data / weights   $CONFIG_DATA_ROOT | ${CONFIG_PRETRAINED:-from scratch} | $CONFIG_REF_VAE
+EOF
+
+if (( DRY_RUN )); then
+  echo "environment:"
+  for name in "${ENV_NAMES[@]+"${ENV_NAMES[@]}"}"; do echo "  $name=${!name}"; done
+  echo "command:"
+  printf ' %q' "${LAUNCH[@]}"; echo
+  echo "resolved config:"
+  "$PYTHON" -m training.config "$CONFIG" --num-processes "$TOTAL_PROCESSES" \
+    --set "output_dir=$OUTPUT_DIR" "${SET_ARGS[@]+"${SET_ARGS[@]}"}"
+  echo "${GREEN}dry run: nothing started${RESET}"
+  exit 0
+fi
+
+exec "${LAUNCH[@]}"
