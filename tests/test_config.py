@@ -1,0 +1,105 @@
+import json
+
+import pytest
+
+from conftest import REPO_ROOT
+from training.config import (
+    SETTABLE_KEYS,
+    ConfigError,
+    available_profiles,
+    configuration_markdown,
+    load_config,
+    write_resolved_config,
+)
+
+PRODUCTION = {"1gpu_h100": 1, "h100": 8, "16gpu_h100": 16, "64gpu_h100": 64, "a800": 8}
+
+
+def test_every_profile_resolves_for_each_supported_process_count():
+    assert set(PRODUCTION) | {"cpu", "test"} <= set(available_profiles())
+    for profile in available_profiles():
+        supported = load_config(profile, check_paths=False).supported_num_gpus
+        for processes in supported:
+            config = load_config(profile, num_processes=processes, check_paths=False)
+            assert config.global_batch_size == config.batch_size_per_gpu * processes * config.gradient_accumulation_steps
+
+
+def test_production_profiles_have_the_values_users_run():
+    expected = {  # profile: (processes, ZeRO, batch/GPU, accumulation, global batch, LR, NCCL timeout)
+        "1gpu_h100": (1, 2, 8, 16, 128, 1e-4, 1800),
+        "h100": (8, 2, 8, 2, 128, 1e-4, 3600),
+        "16gpu_h100": (16, 3, 8, 1, 128, 1e-4, 7200),
+        "64gpu_h100": (64, 3, 4, 1, 256, 2e-4, 14400),
+        "a800": (8, 2, 2, 8, 128, 1e-4, 3600),
+    }
+    for profile, values in expected.items():
+        c = load_config(profile, check_paths=False)
+        got = (c.num_processes, c.zero_stage, c.batch_size_per_gpu, c.gradient_accumulation_steps,
+               c.global_batch_size, c.learning_rate, c.nccl_timeout_s)
+        assert got == values, profile
+        assert (c.height, c.width, c.mixed_precision, c.reconstruction_weight, c.seraena_weight) == (480, 720, "bf16", 10.0, 0.1)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["n_frame=13"], "n_frame: unknown config key; did you mean 'n_frames'"),
+        (["learning_rate=fast"], "learning_rate=fast: expected float"),
+        (["max_steps=1.5"], "max_steps=1.5: expected int"),
+        (["use_ref_vae=maybe"], "use_ref_vae=maybe: expected bool"),
+        (["n_frames=12"], "n_frames=12 gives no whole latent frame count for the cogvideox reference VAE (needs 4k+1): use 9 or 13"),
+        (["height=470"], "height=470 must be a positive multiple of 8"),
+        (["global_batch_size=64"], "global_batch_size=64 but batch_size_per_gpu 8 x processes 8 x gradient_accumulation_steps 2 = 128"),
+        (["checkpointing_steps=200000"], "checkpointing_steps=200000 exceeds max_steps=100000"),
+        (["ref_vae_family=sdxl"], "ref_vae_family='sdxl': choose one of cogvideox, hunyuan, wan"),
+        (["use_ref_vae=false"], "autoencoder mode"),
+        (["model_variant=taehv1_5", "height=472"], "multiple of 16 for taehv1_5"),
+        (["zero_stage=3"], "derived key"),
+    ],
+)
+def test_bad_values_fail_with_the_key_named(overrides, message):
+    with pytest.raises(ConfigError) as error:
+        load_config("h100", overrides, check_paths=False)
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_wrong_process_count_and_missing_paths_are_named(tmp_path):
+    with pytest.raises(ConfigError, match="supports 8 processes, got 4"):
+        load_config("h100", num_processes=4, check_paths=False)
+    with pytest.raises(ConfigError, match="pretrained_model_path='checkpoints/taecvx.pth' does not exist"):
+        load_config("h100")
+    with pytest.raises(ConfigError, match=r"data_root='/nonexistent' is not a folder"):
+        load_config("h100", ["pretrained_model_path=", "ref_vae_path=THUDM/CogVideoX-2b", "data_root=/nonexistent"])
+    with pytest.raises(ConfigError, match="ref_vae_path='./missing' is neither a local folder nor a hub id"):
+        load_config("h100", ["pretrained_model_path=", f"data_root={tmp_path}", "ref_vae_path=./missing"])
+
+
+def test_custom_file_with_base_profile(tmp_path):
+    custom = tmp_path / "my_run.py"
+    custom.write_text('base_profile = "a800"\noverrides = dict(learning_rate=5e-5, max_steps=5000)\n')
+    config = load_config(str(custom), check_paths=False)
+    assert (config.learning_rate, config.max_steps, config.batch_size_per_gpu) == (5e-5, 5000, 2)
+    typo = tmp_path / "typo.py"
+    typo.write_text("overrides = dict(learnig_rate=1e-4)\n")
+    with pytest.raises(ConfigError, match="unknown config key 'learnig_rate'; did you mean 'learning_rate'"):
+        load_config(str(typo), check_paths=False)
+    wrong_type = tmp_path / "wrong_type.py"
+    wrong_type.write_text("overrides = dict(max_steps='1000')\n")
+    with pytest.raises(ConfigError, match="max_steps='1000' has type str, expected int"):
+        load_config(str(wrong_type), check_paths=False)
+    with pytest.raises(ConfigError, match="unknown profile or missing config file 'h200'"):
+        load_config("h200")
+
+
+def test_resolved_config_round_trips(tmp_path):
+    config = load_config("test", ["output_dir=x"], num_processes=2, check_paths=False)
+    path = write_resolved_config(config, tmp_path)
+    saved = json.loads(path.read_text())
+    assert saved["num_processes"] == 2 and saved["global_batch_size"] == 2 and saved["zero_stage"] == 2
+    assert set(saved) >= set(SETTABLE_KEYS)
+
+
+def test_configuration_doc_is_current():
+    document = (REPO_ROOT / "docs" / "configuration.md").read_text()
+    assert document == configuration_markdown(), "run: python -m training.config --markdown > docs/configuration.md"

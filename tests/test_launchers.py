@@ -1,0 +1,178 @@
+"""Launchers end to end: dry runs, up-front errors, and real multi-process accelerate + DeepSpeed
+runs on CPU (the `test` profile)."""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO_ROOT
+from models.taehv import TAEHV
+
+LAUNCHER = str(REPO_ROOT / "train_taehv_h100.sh")
+MULTINODE = str(REPO_ROOT / "start_multinode_platform.sh")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(args, env_extra=None, timeout=300, cwd=REPO_ROOT):
+    env = {**os.environ, "PYTHON": sys.executable, "MASTER_PORT": str(free_port()), **(env_extra or {})}
+    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def synthetic_clips(tmp_path_factory) -> Path:
+    from scripts.make_synthetic_clips import make_clips
+
+    folder = tmp_path_factory.mktemp("synthetic")
+    make_clips(folder, count=6, n_frames=24, height=48, width=64)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def production_paths(tmp_path_factory) -> list[str]:
+    """Stand-ins for the files production profiles point at (dry runs check they exist)."""
+    root = tmp_path_factory.mktemp("production")
+    (root / "videos").mkdir()
+    (root / "CogVideoX-2b").mkdir()
+    weights = root / "taecvx.pth"
+    torch.save(TAEHV("taecvx").state_dict(), weights)
+    sets = {"pretrained_model_path": weights, "data_root": root / "videos", "ref_vae_path": root / "CogVideoX-2b"}
+    return [arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")]
+
+
+def resolved_from_dry_run(stdout: str) -> dict:
+    return json.loads(stdout.split("resolved config:\n", 1)[1].rsplit("}", 1)[0] + "}")
+
+
+@pytest.mark.parametrize(
+    "ngpu, profile, module, zero",
+    [(1, "1gpu_h100", "1gpu_h100", 2), (8, "h100", "h100", 2), (16, "h100", "16gpu_h100", 3),
+     (64, "h100", "64gpu_h100", 3), (8, "a800", "a800", 2), (1, "cpu", "cpu", 2), (2, "cpu", "cpu", 2),
+     (1, "test", "test", 2), (2, "test", "test", 2)],
+)
+def test_dry_run_resolves_every_profile(ngpu, profile, module, zero, production_paths, tmp_path):
+    sets = production_paths if profile not in ("cpu", "test") else []
+    result = run([LAUNCHER, str(ngpu), profile, "--dry-run", "--output-dir", str(tmp_path / "run"), *sets])
+    assert result.returncode == 0, result.stderr
+    assert f"configs/{module}.py" in result.stdout and f"(ZeRO {zero}," in result.stdout
+    assert f"--num_processes {ngpu} " in result.stdout
+    assert resolved_from_dry_run(result.stdout)["num_processes"] == ngpu
+    assert not (tmp_path / "run").exists()  # a dry run starts nothing and writes nothing
+
+
+def test_custom_config_file(tmp_path, production_paths):
+    custom = tmp_path / "my_run.py"
+    custom.write_text('base_profile = "h100"\noverrides = dict(learning_rate=5e-5)\n')
+    result = run(["bash", LAUNCHER, "8", "custom", str(custom), "--dry-run", *production_paths])
+    assert result.returncode == 0, result.stderr
+    assert str(custom) in result.stdout and resolved_from_dry_run(result.stdout)["learning_rate"] == 5e-5
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["2", "test", "--set", "n_frame=4"], "unknown config key; did you mean 'n_frames'"),
+        (["2", "test", "--set", "max_steps=many"], "max_steps=many: expected int"),
+        (["2", "test", "--set", "n_frames=6"], "n_frames=6 gives no whole latent frame count"),
+        (["3", "test"], "supports 1, 2 processes, got 3"),
+        (["4", "h100"], "profile h100 supports 8, 16 or 64 GPUs"),
+        (["8", "h100"], "pretrained_model_path='checkpoints/taecvx.pth' does not exist"),
+        (["8", "custom", "missing.py"], "config file not found: missing.py"),
+        (["1", "test", "--set", "accelerate_config=nope.yaml"], "accelerate_config='nope.yaml': no such file"),
+        (["2", "test", "--bogus"], "unknown option '--bogus'"),
+    ],
+)
+def test_bad_launches_fail_up_front(args, message, tmp_path):
+    result = run([LAUNCHER, *args, "--output-dir", str(tmp_path / "run")])
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert "accelerate.commands.launch" not in result.stdout and not (tmp_path / "run").exists()
+
+
+def test_busy_master_port_is_refused(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = run([LAUNCHER, "1", "test", "--output-dir", str(tmp_path / "run")], {"MASTER_PORT": str(port)})
+    assert result.returncode == 2 and f"master port {port} is busy" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_real_run_writes_the_config_the_dry_run_printed(tmp_path, synthetic_clips):
+    args = [LAUNCHER, "1", "test", "--output-dir", str(tmp_path / "run"), "--set", f"data_root={synthetic_clips}", "--max-steps", "2"]
+    dry = run([*args, "--dry-run"])
+    assert dry.returncode == 0, dry.stderr
+    real = run(args)
+    assert real.returncode == 0, real.stderr[-3000:]
+    saved = json.loads((tmp_path / "run" / "resolved_config.json").read_text())
+    assert saved == resolved_from_dry_run(dry.stdout)
+    assert "Step 2/2 | Loss:" in (tmp_path / "run" / "train.log").read_text()
+
+
+def fingerprints(output: str) -> dict:
+    return dict(re.findall(r"rank (\d+) of 2: final weights fingerprint (\w+)", output))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("accelerate_file, zero", [
+    ("deepspeed_1gpu.yaml", 2), ("deepspeed_8gpu.yaml", 2), ("deepspeed_16gpu.yaml", 3), ("deepspeed_64gpu.yaml", 3),
+])
+def test_production_deepspeed_files_train_with_two_cpu_processes(accelerate_file, zero, tmp_path, synthetic_clips):
+    """The real ZeRO stage and precision (bf16) of each production file, under accelerate launch."""
+    run_dir = tmp_path / "run"
+    common = [LAUNCHER, "2", "test", "--output-dir", str(run_dir), "--set", f"data_root={synthetic_clips}",
+              "--set", f"accelerate_config={accelerate_file}"]
+    first = run([*common, "--max-steps", "2"])
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert f"2 processes | ZeRO {zero}" in first.stdout
+    prints = fingerprints(first.stdout + first.stderr)
+    assert len(prints) == 2 and prints["0"] == prints["1"], prints  # both ranks hold the same weights
+    resumed = run([*common, "--max-steps", "4", "--resume", "latest"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "at step 2" in resumed.stdout and "Step 4/4" in resumed.stdout
+    assert [p.name for p in sorted((run_dir / "checkpoints").iterdir())] == ["checkpoint-2", "checkpoint-4"]
+    model = TAEHV.from_pretrained(run_dir / "final" / "taehv.pth", variant="taehv")
+    assert json.loads((run_dir / "final" / "model_info.json").read_text())["step"] == 4
+    assert model.latent_channels == 16
+
+
+@pytest.mark.slow
+def test_multinode_script_runs_two_local_nodes_as_one_job(tmp_path, synthetic_clips):
+    port = str(free_port())
+    env = {**os.environ, "PYTHON": sys.executable, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": port, "GPUS_PER_NODE": "1", "PROFILE": "test"}
+    args = [MULTINODE, "--output-dir", str(tmp_path / "run"), "--set", f"data_root={synthetic_clips}", "--max-steps", "2"]
+    nodes = [subprocess.Popen(args, cwd=REPO_ROOT, env={**env, "RANK": str(rank)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
+    assert "2 processes in total" in outputs[0] and "| 2 processes |" in outputs[0]
+    prints = fingerprints(outputs[0] + outputs[1])
+    assert set(prints) == {"0", "1"} and prints["0"] == prints["1"]
+
+
+def test_multinode_script_needs_platform_variables():
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "MASTER_ADDR")}
+    result = subprocess.run([MULTINODE, "--dry-run"], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 2 and "WORLD_SIZE is not set" in result.stderr
+
+
+def test_multinode_dry_run_picks_the_profile_from_total_gpus(production_paths):
+    env = {"WORLD_SIZE": "8", "RANK": "3", "MASTER_ADDR": "10.1.2.3", "GPUS_PER_NODE": "8"}
+    result = run([MULTINODE, "--dry-run", *production_paths], env)
+    assert result.returncode == 0, result.stderr
+    assert "configs/64gpu_h100.py" in result.stdout and "--machine_rank 3" in result.stdout
+    assert "--num_machines 8" in result.stdout and "--main_process_ip 10.1.2.3" in result.stdout
+    assert resolved_from_dry_run(result.stdout)["nccl_timeout_s"] == 14400
