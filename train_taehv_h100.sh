@@ -15,7 +15,9 @@ Usage: train_taehv_h100.sh NGPU PROFILE [CONFIG_PATH] [options]
             | custom CONFIG_PATH (a .py file with `overrides = dict(...)`)
 
 Options:
-  --resume PATH|latest   continue from a checkpoint folder, or the newest complete one of the run
+  --resume PATH|latest|auto
+                         continue from a checkpoint folder, or the newest complete one of the run
+                         (latest: error when there is none; auto: start fresh when there is none)
   --output-dir DIR       the run folder (default output/<timestamp>, with output/latest -> it)
   --max-steps N          stop after N optimizer steps
   --set KEY=VALUE        override any config key (repeatable); see docs/configuration.md
@@ -87,8 +89,8 @@ CPU_PROFILE=0
 [[ "$PROFILE" == "cpu" || "$PROFILE" == "test" ]] && CPU_PROFILE=1
 
 # The run folder: --output-dir; else the run being resumed; else a new output/<timestamp>.
-if [[ -z "$OUTPUT_DIR" && "$RESUME" == "latest" ]]; then
-  [[ -e output/latest ]] || die "--resume latest without --output-dir needs output/latest: no earlier run found"
+if [[ -z "$OUTPUT_DIR" && ( "$RESUME" == "latest" || "$RESUME" == "auto" ) ]]; then
+  [[ -e output/latest ]] || die "--resume $RESUME without --output-dir needs output/latest: no earlier run found"
   OUTPUT_DIR="output/$(readlink output/latest)"
 elif [[ -z "$OUTPUT_DIR" && -n "$RESUME" ]]; then
   [[ -d "$RESUME" ]] || die "--resume $RESUME: no such checkpoint folder"

@@ -111,14 +111,19 @@ def test_busy_master_port_is_refused(tmp_path):
 
 
 def test_real_run_writes_the_config_the_dry_run_printed(tmp_path, synthetic_clips):
-    args = [LAUNCHER, "1", "test", "--output-dir", str(tmp_path / "run"), "--set", f"data_root={synthetic_clips}", "--max-steps", "2"]
+    base = [LAUNCHER, "1", "test", "--output-dir", str(tmp_path / "run"), "--set", f"data_root={synthetic_clips}", "--resume", "auto"]
+    args = [*base, "--max-steps", "2"]
     dry = run([*args, "--dry-run"])
     assert dry.returncode == 0, dry.stderr
-    real = run(args)
+    real = run(args)  # --resume auto with no checkpoint yet: a fresh start
     assert real.returncode == 0, real.stderr[-3000:]
     saved = json.loads((tmp_path / "run" / "resolved_config.json").read_text())
     assert saved == resolved_from_dry_run(dry.stdout)
-    assert "Step 2/2 | Loss:" in (tmp_path / "run" / "train.log").read_text()
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "Step 2/2 | Loss:" in log and "resumed" not in log
+    again = run([*base, "--max-steps", "3"])  # a restarted job: continues from checkpoint-2
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "checkpoint-2 at step 2" in again.stdout and "Step 3/3" in again.stdout
 
 
 def fingerprints(output: str) -> dict:

@@ -1,4 +1,5 @@
 import json
+import re
 import subprocess
 import sys
 
@@ -24,3 +25,15 @@ def test_selfcheck_passes():
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
     assert "self-check passed" in completed.stdout
+
+
+def test_validate_setup_table(tmp_path):
+    script = str(REPO_ROOT / "scripts" / "validate_setup.sh")
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "MASTER_PORT": "29517"}
+    ok = subprocess.run([script, "1", "cpu", "--set", f"output_dir={tmp_path}"], capture_output=True, text=True, env=env)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "PASS  config" in ok.stdout and "0 FAIL" in ok.stdout
+    bad = subprocess.run([script, "8", "h100"], capture_output=True, text=True, env=env)
+    assert bad.returncode == 1
+    assert re.search(r"FAIL  config +pretrained_model_path='checkpoints/taecvx.pth' does not exist", bad.stdout)
+    assert "WARN  GPUs" in bad.stdout  # a CPU machine warns about GPUs instead of failing

@@ -30,7 +30,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--config", required=True, help="profile name or path of a .py config file")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--output-dir", help="the run folder (overrides output_dir)")
-    parser.add_argument("--resume", help="checkpoint folder, or 'latest' for the newest complete one of the run")
+    parser.add_argument("--resume", help="checkpoint folder; 'latest' = newest complete one of the run (error if none); "
+                        "'auto' = latest if any, else start fresh (for restarted jobs)")
     parser.add_argument("--max-steps", type=int, help="shorthand for --set max_steps=N")
     parser.add_argument("--torch-profile", action="store_true", help="trace a few steps into <run>/profile/")
     return parser.parse_args(argv)
@@ -185,7 +186,10 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(folders, key=lambda p: int(p.name.split("-")[1]))
 
 
-def find_resume_checkpoint(resume: str, run_dir: Path) -> Path:
+def find_resume_checkpoint(resume: str, run_dir: Path) -> Path | None:
+    if resume == "auto":
+        checkpoints = complete_checkpoints(run_dir)
+        return checkpoints[-1] if checkpoints else None
     if resume != "latest":
         path = Path(resume)
         if not path.is_dir():

@@ -1,0 +1,186 @@
+"""Check a machine before a run: prints a PASS/WARN/FAIL table, exits 1 on any FAIL.
+
+    scripts/validate_setup.sh [NGPU PROFILE] [--set key=value ...]
+
+Useful on a CPU machine too: GPU checks WARN there instead of failing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MIN_FREE_DISK_GB = 20
+
+
+class Report:
+    def __init__(self):
+        self.rows: list[tuple[str, str, str]] = []
+
+    def add(self, status: str, check: str, detail: str) -> None:
+        self.rows.append((status, check, detail))
+
+    def print(self) -> int:
+        width = max(len(check) for _, check, _ in self.rows)
+        for status, check, detail in self.rows:
+            print(f"{status:4s}  {check:{width}s}  {detail}")
+        failures = sum(status == "FAIL" for status, _, _ in self.rows)
+        warnings = sum(status == "WARN" for status, _, _ in self.rows)
+        print(f"\n{len(self.rows)} checks: {failures} FAIL, {warnings} WARN")
+        return 1 if failures else 0
+
+
+def requirement_bounds() -> list[tuple[str, str]]:
+    bounds = []
+    for line in (REPO_ROOT / "requirements.txt").read_text().splitlines():
+        match = re.match(r"^([A-Za-z0-9_.-]+)\s*>=\s*([\w.]+)", line.strip())
+        if match:
+            bounds.append((match.group(1), match.group(2)))
+    return bounds
+
+
+def version_tuple(text: str) -> tuple:
+    return tuple(int(x) for x in re.findall(r"\d+", text.split("+")[0])[:3])
+
+
+def check_packages(report: Report) -> None:
+    for name, lower in requirement_bounds():
+        try:
+            installed = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            report.add("FAIL", f"package {name}", f"not installed (needs >= {lower}): make setup, or pip install -r requirements.txt")
+            continue
+        ok = version_tuple(installed) >= version_tuple(lower)
+        report.add("PASS" if ok else "FAIL", f"package {name}", f"{installed} (needs >= {lower})")
+
+
+def check_gpus(report: Report, ngpu: int, cpu_profile: bool) -> None:
+    import torch
+
+    report.add("PASS", "torch", f"{torch.__version__} (CUDA build {torch.version.cuda or 'none'})")
+    if cpu_profile:
+        report.add("PASS", "GPUs", "CPU profile: no GPU needed")
+        return
+    if not torch.cuda.is_available():
+        report.add("WARN", "GPUs", f"no CUDA GPU visible; this profile needs {ngpu}")
+        return
+    count = torch.cuda.device_count()
+    names = sorted({torch.cuda.get_device_name(i) for i in range(count)})
+    report.add("PASS" if count >= ngpu else "FAIL", "GPUs", f"{count} visible ({', '.join(names)}), {ngpu} needed")
+    report.add("PASS", "NCCL", ".".join(map(str, torch.cuda.nccl.version())))
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=20).stdout.split()[0]
+        report.add("PASS", "driver", driver)
+    except (OSError, IndexError, subprocess.SubprocessError):
+        report.add("WARN", "driver", "nvidia-smi not available")
+
+
+def check_config(report: Report, profile: str, ngpu: int, overrides: list[str]):
+    from training.config import ConfigError, load_config
+
+    try:
+        config = load_config(profile, overrides, num_processes=ngpu)
+    except ConfigError as error:
+        report.add("FAIL", "config", str(error))
+        return None
+    report.add("PASS", "config", f"{profile}: ZeRO {config.zero_stage}, global batch {config.global_batch_size}")
+    return config
+
+
+def check_data(report: Report, config) -> None:
+    import random
+
+    from training.dataset import ClipError, decode_clip, list_videos
+
+    root = Path(config.data_root)
+    if not root.is_dir():
+        status = "WARN" if config.synthetic_data else "FAIL"
+        report.add(status, "dataset", f"{root} absent" + (" (synthetic clips are made at start)" if config.synthetic_data else ""))
+        return
+    videos = list_videos(root)
+    if not videos:
+        report.add("FAIL", "dataset", f"no video files under {root}")
+        return
+    for path in videos[:5]:
+        try:
+            decode_clip(path, 1, 1, random.Random(0), loop_short=True)
+            report.add("PASS", "dataset", f"{len(videos)} files under {root}; {path.name} decodes")
+            return
+        except ClipError as error:
+            last = error
+    report.add("FAIL", "dataset", f"none of the first 5 files decodes: {last}")
+
+
+def check_weights(report: Report, config) -> None:
+    if config.pretrained_model_path:
+        report.add("PASS", "pretrained", config.pretrained_model_path)
+    else:
+        report.add("PASS", "pretrained", "training from scratch")
+    if config.use_ref_vae:
+        local = Path(config.ref_vae_path).exists()
+        report.add("PASS" if local else "WARN", "reference VAE",
+                   config.ref_vae_path + ("" if local else " (hub id: needs network or a filled cache)"))
+    else:
+        report.add("PASS", "reference VAE", "autoencoder mode: none needed")
+
+
+def check_disk(report: Report, config) -> None:
+    folder = Path(config.output_dir or "output")
+    probe = folder if folder.exists() else next((p for p in folder.parents if p.exists()), Path("."))
+    free_gb = shutil.disk_usage(probe).free / 2**30
+    if not os.access(probe, os.W_OK):
+        report.add("FAIL", "output folder", f"{probe} is not writable")
+        return
+    report.add("PASS" if free_gb >= MIN_FREE_DISK_GB else "WARN", "free disk", f"{free_gb:.0f} GB at {probe} (want >= {MIN_FREE_DISK_GB})")
+
+
+def check_network(report: Report) -> None:
+    address = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = int(os.environ.get("MASTER_PORT", "29500"))
+    machine_rank = os.environ.get("MACHINE_RANK", os.environ.get("RANK", "0"))
+    if machine_rank == "0":
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("0.0.0.0", port))
+                report.add("PASS", "master port", f"{port} is free")
+            except OSError:
+                report.add("FAIL", "master port", f"{port} is busy: set MASTER_PORT")
+    else:
+        try:
+            socket.getaddrinfo(address, port)
+            report.add("PASS", "master address", f"{address} resolves")
+        except OSError:
+            report.add("FAIL", "master address", f"{address} does not resolve")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("ngpu", nargs="?", type=int, default=1)
+    parser.add_argument("profile", nargs="?", default="cpu")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args()
+    report = Report()
+    report.add("PASS" if sys.version_info >= (3, 10) else "FAIL", "python", sys.version.split()[0])
+    check_packages(report)
+    check_gpus(report, args.ngpu, args.profile in ("cpu", "test"))
+    config = check_config(report, args.profile, args.ngpu, args.overrides)
+    if config is not None:
+        check_data(report, config)
+        check_weights(report, config)
+        check_disk(report, config)
+    check_network(report)
+    return report.print()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
