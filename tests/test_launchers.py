@@ -126,6 +126,14 @@ def test_real_run_writes_the_config_the_dry_run_printed(tmp_path, synthetic_clip
     assert "checkpoint-2 at step 2" in again.stdout and "Step 3/3" in again.stdout
 
 
+def test_profile_option_writes_a_trace(tmp_path, synthetic_clips):
+    result = run([LAUNCHER, "1", "test", "--profile", "--output-dir", str(tmp_path / "run"),
+                  "--set", f"data_root={synthetic_clips}", "--max-steps", "4"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    trace = json.loads((tmp_path / "run" / "profile" / "trace_rank0.json").read_text())
+    assert trace["traceEvents"]
+
+
 def fingerprints(output: str) -> dict:
     return dict(re.findall(r"rank (\d+) of 2: final weights fingerprint (\w+)", output))
 

@@ -101,6 +101,24 @@ def build_accelerator(config: TrainConfig, run_dir: Path):
     return accelerator
 
 
+def check_deepspeed_batch(accelerator, config: TrainConfig) -> None:
+    """The Python config owns batch size, accumulation and clipping; DeepSpeed must agree after prepare()."""
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is None:
+        return
+    ds = plugin.deepspeed_config
+    expected = {
+        "train_micro_batch_size_per_gpu": config.batch_size_per_gpu,
+        "gradient_accumulation_steps": config.gradient_accumulation_steps,
+        "train_batch_size": config.global_batch_size,
+        "gradient_clipping": config.max_grad_norm,
+    }
+    wrong = {key: (ds.get(key), value) for key, value in expected.items() if ds.get(key) != value}
+    if wrong:
+        raise RuntimeError(f"DeepSpeed config disagrees with the Python config (deepspeed, python): {wrong}; "
+                           "leave these keys out of the accelerate file")
+
+
 def model_dtype(model):
     """DeepSpeed bf16/fp16 casts the module itself; inputs follow it, losses stay in fp32."""
     return next(model.parameters()).dtype
@@ -398,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     train_loader = build_train_loader(config, train_dataset)
     optimizer, scheduler = build_optimizer(config, model)
     model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
+    check_deepspeed_batch(accelerator, config)
     progress = Progress()
     accelerator.register_for_checkpointing(scheduler, progress)
     accelerator.init_trackers("taehv")
