@@ -32,10 +32,10 @@ def run(args, env_extra=None, timeout=300, cwd=REPO_ROOT):
 
 @pytest.fixture(scope="session")
 def synthetic_clips(tmp_path_factory) -> Path:
-    from scripts.make_synthetic_clips import make_clips
+    from scripts.make_sample_videos import make_sample_videos
 
     folder = tmp_path_factory.mktemp("synthetic")
-    make_clips(folder, count=6, n_frames=24, height=48, width=64)
+    make_sample_videos(folder, count=6, n_frames=24)
     return folder
 
 

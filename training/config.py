@@ -72,6 +72,7 @@ class TrainConfig:
     validation_fraction: float = option(0.01, "share of clips held out, by a stable hash of the path")
     num_workers: int = option(8, "data loader worker processes per rank")
     prefetch_factor: int = option(2, "batches each worker prepares ahead")
+    persistent_workers: bool = option(True, "keep data loader workers alive across epochs")
     # --- optimisation --------------------------------------------------------------------------
     max_steps: int = option(100_000, "optimizer steps to train")
     batch_size_per_gpu: int = option(8, "clips per process per micro-step")

@@ -1,81 +1,279 @@
-"""Video clips for training: find files, split train/validation by a stable hash, decode a clip of
-`n_frames` at a random stride, honour rotation, resize to cover H x W, crop, optionally flip.
+"""Video clips for training, from millions of files of any size, codec and quality.
 
-Output of the dataset: uint8 tensors T,3,H,W. A file that cannot give a clip is replaced by
-another draw (bounded, no recursion) and counted by reason in `skipped`.
+Path of one sample: index entry -> seek to the keyframe before the start -> decode forward,
+taking `n_frames` frames at a stride -> rotation -> resize (keep aspect) to cover H x W -> crop
+(random for training, centred for validation) -> optional flip -> uint8 T,3,H,W.
+
+Sources (`read_index`): a folder (scanned recursively), the users' annotation JSON
+`{"list": [{"path": "rel/path.mp4", ...}]}`, or our JSONL / CSV index written by
+`scripts/build_index.py` (fields in INDEX_FIELDS; only `path` is required; paths relative to the
+data root). The index lives in numpy arrays, so a million entries cost tens of MB that forked
+workers share, not hundreds of MB of Python objects each.
+
+Every sample is a function of (seed, epoch, global index); `EpochShardSampler` gives each rank
+disjoint indices and can start mid-epoch for an exact resume. A file that cannot give a clip
+is replaced by another draw (bounded, no recursion) and reported with the batch, so counters
+reach the training logs even from worker processes; `FailureTracker` stops training when too
+many draws fail.
+
+Preview what the model will see: python -m training.dataset SOURCE --height 480 --width 720 --n-frames 13
 """
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import json
 import random
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Sampler
 
-VIDEO_EXTENSIONS = {".mp4", ".mkv", ".mov", ".webm", ".avi", ".m4v"}
-MAX_REDRAWS = 16
+VIDEO_EXTENSIONS = {".mp4", ".mkv", ".mov", ".webm", ".avi", ".m4v", ".mpg", ".mpeg", ".ts"}
+INDEX_FIELDS = ("path", "frames", "fps", "duration", "width", "height", "rotation", "codec", "size", "mtime")
+SKIP_REASONS = ("open_error", "no_video_stream", "decode_error", "too_short", "no_frames")
 
 
 class ClipError(Exception):
-    """A file that cannot give the requested clip; `reason` is a short counter key."""
+    """A file that cannot give the requested clip; `reason` is one of SKIP_REASONS."""
 
     def __init__(self, reason: str, detail: str):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
 
 
-def list_videos(root: Path) -> list[Path]:
-    return sorted(p for p in Path(root).rglob("*") if p.suffix.lower() in VIDEO_EXTENSIONS and p.is_file())
+class DataFailureError(RuntimeError):
+    """Too many clip draws failed: the dataset needs fixing, not more retries."""
+
+
+class IndexFormatError(ValueError):
+    """An index file that cannot be read; the message names the file and line."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Index
+# ------------------------------------------------------------------------------------------------
+
+
+class ClipIndex:
+    """Relative paths (one UTF-8 blob + offsets) and per-clip metadata in numpy arrays.
+    Unknown values are -1 (frames, width, height) or 0 (fps)."""
+
+    def __init__(self, root: Path, paths: list[str], frames=None, fps=None, width=None, height=None, rotation=None):
+        self.root = Path(root)
+        encoded = [p.encode() for p in paths]
+        self._offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum([len(e) for e in encoded], out=self._offsets[1:])
+        self._blob = np.frombuffer(b"".join(encoded), dtype=np.uint8) if encoded else np.zeros(0, np.uint8)
+        n = len(paths)
+        self.frames = np.asarray(frames if frames is not None else [-1] * n, dtype=np.int32)
+        self.fps = np.asarray(fps if fps is not None else [0.0] * n, dtype=np.float32)
+        self.width = np.asarray(width if width is not None else [-1] * n, dtype=np.int32)
+        self.height = np.asarray(height if height is not None else [-1] * n, dtype=np.int32)
+        self.rotation = np.asarray(rotation if rotation is not None else [0] * n, dtype=np.int16)
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    def relative(self, i: int) -> str:
+        return self._blob[self._offsets[i] : self._offsets[i + 1]].tobytes().decode()
+
+    def path(self, i: int) -> Path:
+        return self.root / self.relative(i)
+
+    def subset(self, indices) -> "ClipIndex":
+        indices = list(indices)
+        return ClipIndex(self.root, [self.relative(i) for i in indices], self.frames[indices], self.fps[indices],
+                         self.width[indices], self.height[indices], self.rotation[indices])
+
+    def split(self, validation_fraction: float) -> tuple["ClipIndex", "ClipIndex"]:
+        """Stable split by a hash of the relative path: adding files never moves old ones across."""
+        held_out = [is_validation(self.relative(i), validation_fraction) for i in range(len(self))]
+        train = [i for i, h in enumerate(held_out) if not h]
+        validation = [i for i, h in enumerate(held_out) if h]
+        if not validation and len(train) > 1 and validation_fraction > 0:
+            validation = [train.pop()]  # tiny folders: keep one held-out clip
+        return self.subset(train), self.subset(validation)
 
 
 def is_validation(relative_path: str, fraction: float) -> bool:
-    """Stable split: adding files never moves old ones between train and validation."""
     digest = hashlib.sha1(relative_path.encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
 
-def split_videos(root: Path, validation_fraction: float) -> tuple[list[Path], list[Path]]:
-    train, validation = [], []
-    for path in list_videos(root):
-        (validation if is_validation(path.relative_to(root).as_posix(), validation_fraction) else train).append(path)
-    if not validation and train and validation_fraction > 0:
-        validation.append(train.pop())  # tiny folders: keep at least one held-out clip
-    return train, validation
+def scan_videos(root: Path) -> list[str]:
+    """Relative paths of the video files under root, sorted."""
+    root = Path(root)
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.suffix.lower() in VIDEO_EXTENSIONS and p.is_file())
 
 
-def decode_clip(path: Path, n_frames: int, stride: int, rng: random.Random, loop_short: bool) -> np.ndarray:
-    """n_frames,H,W,3 uint8 frames at `stride` from a random start, rotation applied."""
+def _records_to_index(root: Path, records: list[dict], source: Path) -> ClipIndex:
+    def number(record, key, default, kind):
+        value = record.get(key)
+        return default if value in (None, "") else kind(float(value))
+
+    try:
+        return ClipIndex(
+            root,
+            [str(r["path"]) for r in records],
+            [number(r, "frames", -1, int) for r in records],
+            [number(r, "fps", 0.0, float) for r in records],
+            [number(r, "width", -1, int) for r in records],
+            [number(r, "height", -1, int) for r in records],
+            [number(r, "rotation", 0, int) for r in records],
+        )
+    except KeyError:
+        raise IndexFormatError(f"{source}: every entry needs a 'path'") from None
+    except (TypeError, ValueError) as error:
+        raise IndexFormatError(f"{source}: a metadata field is not a number ({error})") from None
+
+
+def read_index(source: str | Path, data_root: str | Path | None = None) -> ClipIndex:
+    """A folder, an annotation JSON ({"list": [...]}), or a JSONL / CSV index."""
+    source = Path(source)
+    if source.is_dir():
+        return ClipIndex(source, scan_videos(source))
+    root = Path(data_root) if data_root else source.parent
+    if not source.is_file():
+        raise IndexFormatError(f"index {source} does not exist")
+    try:
+        text = source.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise IndexFormatError(f"index {source} cannot be read: {error}") from None
+    if source.suffix == ".json":
+        try:
+            records = json.loads(text)["list"]
+        except (json.JSONDecodeError, KeyError, TypeError) as error:
+            raise IndexFormatError(f"{source}: expected {{\"list\": [{{\"path\": ...}}, ...]}} ({error})") from None
+    elif source.suffix == ".jsonl":
+        records = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as error:
+                    raise IndexFormatError(f"{source}: line {number} is not JSON ({error})") from None
+    elif source.suffix == ".csv":
+        records = list(csv.DictReader(text.splitlines()))
+    else:
+        raise IndexFormatError(f"index {source}: use a folder, .json (annotation), .jsonl or .csv")
+    return _records_to_index(root, records, source)
+
+
+def probe_video(path: Path) -> dict:
+    """Container metadata without decoding the stream. Rotation comes from the first decoded
+    frame's display matrix (PyAV has no stream-level getter), so one frame is decoded."""
     import av
 
     try:
-        with av.open(str(path)) as container:
-            stream = container.streams.video[0]
-            stream.thread_type = "AUTO"
-            span = (n_frames - 1) * stride + 1
-            known = stream.frames or 0
-            start = rng.randrange(max(known - span, 0) + 1) if known >= span else 0
-            wanted = start + span
-            frames, rotation = [], 0
-            for index, frame in enumerate(container.decode(stream)):
-                if index >= start and (index - start) % stride == 0:
+        container = av.open(str(path))
+    except Exception as error:
+        raise ClipError("open_error", f"{path}: {error}") from None
+    with container:
+        if not container.streams.video:
+            raise ClipError("no_video_stream", str(path))
+        stream = container.streams.video[0]
+        fps = float(stream.average_rate or stream.guessed_rate or 0)
+        duration = float(stream.duration * stream.time_base) if stream.duration else (container.duration or 0) / 1e6
+        try:
+            first = next(container.decode(stream))
+        except Exception as error:
+            raise ClipError("decode_error", f"{path}: {error}") from None
+        return {
+            "frames": stream.frames or -1,
+            "fps": round(fps, 4),
+            "duration": round(duration, 4),
+            "width": stream.codec_context.width,
+            "height": stream.codec_context.height,
+            "rotation": int(getattr(first, "rotation", 0) or 0),
+            "codec": stream.codec_context.name,
+        }
+
+
+# ------------------------------------------------------------------------------------------------
+# Decoding
+# ------------------------------------------------------------------------------------------------
+
+
+def choose_window(frame_count: int, n_frames: int, min_delta: int, max_delta: int, rng: random.Random) -> tuple[int, int]:
+    """(start, stride) of a clip inside `frame_count` frames; strides the clip cannot fit are not drawn."""
+    if frame_count < 1 or (n_frames - 1) * min_delta + 1 > frame_count:
+        raise ClipError("too_short", f"{frame_count} frames, need {(n_frames - 1) * min_delta + 1}")
+    longest = min(max_delta, (frame_count - 1) // max(n_frames - 1, 1)) if n_frames > 1 else max_delta
+    stride = rng.randint(min_delta, max(min_delta, longest))
+    span = (n_frames - 1) * stride + 1
+    return rng.randrange(frame_count - span + 1), stride
+
+
+def decode_frames(path: Path, wanted: list[int]) -> tuple[list[np.ndarray], int, int]:
+    """Frames at the given (sorted) indices, by seeking to the keyframe before the first one and
+    decoding forward. Frame indices are times x average fps, so variable-rate files and wrong
+    header counts work. Returns (frames H,W,3 uint8, rotation, number of frames seen)."""
+    import av
+
+    try:
+        container = av.open(str(path))
+    except Exception as error:
+        raise ClipError("open_error", f"{path}: {error}") from None
+    frames: list[np.ndarray] = []
+    rotation, seen = 0, 0
+    with container:
+        if not container.streams.video:
+            raise ClipError("no_video_stream", str(path))
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        fps = float(stream.average_rate or stream.guessed_rate or 25)
+        time_base = float(stream.time_base)
+        start_pts = stream.start_time or 0
+        if wanted[0] > 0:
+            container.seek(start_pts + int(wanted[0] / fps / time_base), stream=stream, backward=True, any_frame=False)
+        targets = iter(wanted)
+        target = next(targets)
+        try:
+            for frame in container.decode(stream):
+                index = round((frame.pts - start_pts) * time_base * fps) if frame.pts is not None else seen
+                seen = max(seen, index + 1)
+                while target is not None and index >= target:  # a gap takes the next frame
                     frames.append(frame.to_ndarray(format="rgb24"))
-                    rotation = getattr(frame, "rotation", 0) or 0
-                if index + 1 >= wanted:
+                    rotation = int(getattr(frame, "rotation", 0) or 0)
+                    target = next(targets, None)
+                if target is None:
                     break
-    except ClipError:
-        raise
-    except Exception as error:  # PyAV raises many types for broken containers and streams
-        raise ClipError("decode_error", f"{path}: {error}") from error
-    if not frames:
-        raise ClipError("no_frames", str(path))
-    if len(frames) < n_frames:
-        if not loop_short:
-            raise ClipError("too_short", f"{path}: {len(frames)} of {n_frames} frames at stride {stride}")
+        except Exception as error:
+            raise ClipError("decode_error", f"{path}: {error}") from None
+    return frames, rotation, seen
+
+
+def read_clip(path: Path, frame_count: int, n_frames: int, min_delta: int, max_delta: int,
+              rng: random.Random, loop_short: bool) -> np.ndarray:
+    """n_frames,H,W,3 uint8 with rotation applied. A wrong or missing header count is corrected
+    by what decoding finds, with one more seek."""
+    if frame_count < 1:
+        frame_count = 1_000_000  # unknown: decode to learn the real length
+    for attempt in range(2):
+        try:
+            start, stride = choose_window(frame_count, n_frames, min_delta, max_delta, rng)
+        except ClipError:
+            if not loop_short or frame_count < 1:
+                raise
+            start, stride = 0, 1
+        wanted = [start + i * stride for i in range(n_frames)]
+        if loop_short and frame_count < wanted[-1] + 1:
+            wanted = sorted({w % frame_count for w in wanted})
+        frames, rotation, seen = decode_frames(path, wanted)
+        if len(frames) == len(wanted):
+            break
+        if seen == 0:
+            raise ClipError("no_frames", str(path))
+        frame_count = seen  # the header promised more than the stream holds
+    else:
+        raise ClipError("decode_error", f"{path}: stream ended after {seen} frames")
+    if loop_short and len(frames) < n_frames:
         frames = [frames[i % len(frames)] for i in range(n_frames)]
     video = np.stack(frames)
     if rotation:
@@ -84,8 +282,8 @@ def decode_clip(path: Path, n_frames: int, stride: int, rng: random.Random, loop
 
 
 def resize_and_crop(video: torch.Tensor, height: int, width: int, rng: random.Random | None) -> torch.Tensor:
-    """T,3,h,w uint8 -> T,3,height,width uint8: scale (keeping aspect) to cover, then crop
-    (random when rng is given, centred otherwise)."""
+    """T,3,h,w uint8 -> T,3,height,width uint8: scale (keeping aspect, up or down) to cover, then
+    crop (random when rng is given, centred otherwise)."""
     h, w = video.shape[-2:]
     scale = max(height / h, width / w)
     new_h, new_w = max(height, round(h * scale)), max(width, round(w * scale))
@@ -97,48 +295,205 @@ def resize_and_crop(video: torch.Tensor, height: int, width: int, rng: random.Ra
     return video[..., top : top + height, left : left + width]
 
 
-class VideoClipDataset(Dataset):
-    """Item i (with `epoch` set by the loop) is reproducible: the same seed gives the same clip."""
+# ------------------------------------------------------------------------------------------------
+# Dataset, sampler, failure accounting
+# ------------------------------------------------------------------------------------------------
 
-    def __init__(
-        self,
-        paths: list[Path],
-        n_frames: int,
-        height: int,
-        width: int,
-        min_frame_delta: int = 1,
-        max_frame_delta: int = 1,
-        train: bool = True,
-        horizontal_flip: bool = False,
-        loop_short_clips: bool = False,
-        seed: int = 0,
-    ):
-        if not paths:
-            raise ValueError("no video files to sample from: check data_root / index_path")
-        self.paths = list(paths)
-        self.n_frames, self.height, self.width = n_frames, height, width
-        self.min_frame_delta, self.max_frame_delta = min_frame_delta, max_frame_delta
-        self.train, self.horizontal_flip, self.loop_short_clips = train, horizontal_flip, loop_short_clips
-        self.seed = seed
-        self.epoch = 0
-        self.skipped: Counter = Counter()
+
+@dataclass
+class ClipSpec:
+    n_frames: int
+    height: int
+    width: int
+    min_frame_delta: int = 1
+    max_frame_delta: int = 1
+    horizontal_flip: bool = False
+    loop_short_clips: bool = False
+
+
+class VideoClipDataset(Dataset):
+    """dataset[(epoch, index)] -> {"video": uint8 T,3,H,W, "skipped": [(reason, path), ...]}.
+    Training draws (start, stride, crop, flip) from a generator seeded by (seed, epoch, index);
+    validation takes a centred crop at the smallest stride from a fixed start."""
+
+    def __init__(self, index: ClipIndex, spec: ClipSpec, train: bool = True, seed: int = 0, max_redraws: int = 16):
+        if len(index) == 0:
+            raise DataFailureError(f"no video files under {index.root}: check data_root / index_path")
+        self.index, self.spec, self.train, self.seed, self.max_redraws = index, spec, train, seed, max_redraws
 
     def __len__(self) -> int:
-        return len(self.paths)
+        return len(self.index)
 
-    def __getitem__(self, index: int) -> torch.Tensor:
-        rng = random.Random(f"{self.seed}/{self.epoch}/{index}")
-        for attempt in range(MAX_REDRAWS):
-            path = self.paths[index if attempt == 0 else rng.randrange(len(self.paths))]
-            stride = rng.randint(self.min_frame_delta, self.max_frame_delta) if self.train else self.min_frame_delta
+    def __getitem__(self, key) -> dict:
+        epoch, index = key if isinstance(key, tuple) else (0, key)
+        rng = random.Random(f"{self.seed}/{epoch}/{index}")
+        spec, skipped = self.spec, []
+        for attempt in range(self.max_redraws):
+            i = index if attempt == 0 else rng.randrange(len(self.index))
+            path = self.index.path(i)
+            max_delta = spec.max_frame_delta if self.train else spec.min_frame_delta
+            window_rng = rng if self.train else random.Random(i)
             try:
-                frames = decode_clip(path, self.n_frames, stride, rng if self.train else random.Random(0), self.loop_short_clips)
+                frames = read_clip(path, int(self.index.frames[i]), spec.n_frames, spec.min_frame_delta, max_delta,
+                                   window_rng, spec.loop_short_clips)
             except ClipError as error:
-                self.skipped[error.reason] += 1
+                skipped.append((error.reason, str(path)))
                 continue
-            video = torch.from_numpy(frames).permute(0, 3, 1, 2)
-            video = resize_and_crop(video, self.height, self.width, rng if self.train else None)
-            if self.train and self.horizontal_flip and rng.random() < 0.5:
+            video = resize_and_crop(torch.from_numpy(frames).permute(0, 3, 1, 2), spec.height, spec.width,
+                                    rng if self.train else None)
+            if self.train and spec.horizontal_flip and rng.random() < 0.5:
                 video = video.flip(-1)
-            return video.contiguous()
-        raise RuntimeError(f"{MAX_REDRAWS} draws in a row failed ({dict(self.skipped)}); check the dataset")
+            return {"video": video.contiguous(), "skipped": skipped}
+        raise DataFailureError(f"all {self.max_redraws} draws for sample {index} failed: {describe_skips(skipped)}")
+
+
+def collate_clips(items: list[dict]) -> dict:
+    return {"video": torch.stack([item["video"] for item in items]), "skipped": [s for item in items for s in item["skipped"]]}
+
+
+def describe_skips(skipped: list[tuple[str, str]], examples: int = 3) -> str:
+    by_reason: dict[str, list[str]] = {}
+    for reason, path in skipped:
+        by_reason.setdefault(reason, []).append(path)
+    return "; ".join(f"{reason} x{len(paths)} (e.g. {', '.join(sorted(set(paths))[:examples])})" for reason, paths in by_reason.items())
+
+
+class FailureTracker:
+    """Counts skipped draws by reason; raises DataFailureError when their share exceeds the limit
+    (judged after `min_draws`, so one early broken file does not stop a run)."""
+
+    def __init__(self, max_fraction: float, min_draws: int = 50):
+        self.max_fraction, self.min_draws = max_fraction, min_draws
+        self.counts: Counter = Counter()
+        self.examples: list[tuple[str, str]] = []
+        self.draws = 0
+
+    def update(self, skipped: list[tuple[str, str]], samples: int) -> None:
+        self.draws += samples + len(skipped)
+        self.counts.update(reason for reason, _ in skipped)
+        self.examples.extend(skipped[: max(0, 20 - len(self.examples))])
+        failures = sum(self.counts.values())
+        if self.draws >= self.min_draws and failures > self.max_fraction * self.draws:
+            raise DataFailureError(
+                f"{failures} of {self.draws} clip draws failed ({failures / self.draws:.1%} > max_failed_fraction "
+                f"{self.max_fraction:.1%}): {describe_skips(self.examples)}. Fix or remove those files, or raise max_failed_fraction"
+            )
+
+
+class EpochShardSampler(Sampler):
+    """Yields (epoch, index) for this rank: a permutation seeded by (seed, epoch), cut to a whole
+    number of batches on every rank, ranks taking disjoint interleaved slices.
+    `set_position(epoch, batch)` starts mid-epoch, for an exact resume."""
+
+    def __init__(self, size: int, batch_size: int, rank: int = 0, world_size: int = 1, seed: int = 0, shuffle: bool = True):
+        self.size, self.batch_size, self.rank, self.world_size = size, batch_size, rank, world_size
+        self.seed, self.shuffle = seed, shuffle
+        self.batches_per_epoch = size // world_size // batch_size
+        if self.batches_per_epoch == 0:
+            raise DataFailureError(
+                f"{size} training clips cannot fill one batch of {batch_size} on each of {world_size} processes: "
+                "add clips or lower batch_size_per_gpu"
+            )
+        self.epoch, self.start_batch = 0, 0
+
+    def set_position(self, epoch: int, batch: int = 0) -> None:
+        self.epoch, self.start_batch = epoch, batch
+
+    def __iter__(self):
+        if self.shuffle:
+            order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed * 100_003 + self.epoch))
+        else:
+            order = torch.arange(self.size)
+        mine = order[self.rank :: self.world_size][: self.batches_per_epoch * self.batch_size]
+        for index in mine[self.start_batch * self.batch_size :].tolist():
+            yield (self.epoch, index)
+
+    def __len__(self) -> int:
+        return (self.batches_per_epoch - self.start_batch) * self.batch_size
+
+
+def seed_worker(worker_id: int) -> None:
+    """Library RNGs in workers derived from torch's per-worker seed (samples do not use them)."""
+    seed = torch.initial_seed() % 2**32
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+# ------------------------------------------------------------------------------------------------
+# Preview tool
+# ------------------------------------------------------------------------------------------------
+
+
+def save_strip(video: torch.Tensor, path: Path, frames: int = 6) -> None:
+    """A PNG of up to `frames` evenly spaced frames side by side."""
+    from PIL import Image
+
+    picks = np.linspace(0, video.shape[0] - 1, min(frames, video.shape[0])).round().astype(int)
+    strip = torch.cat([video[i] for i in picks], dim=-1).permute(1, 2, 0).numpy()
+    Image.fromarray(strip).save(path)
+
+
+def preview(source: str, height: int, width: int, n_frames: int, samples: int | None, out: Path | None,
+            data_root: str | None = None, seed: int = 0, min_delta: int = 1, max_delta: int = 1, loop_short: bool = False) -> dict:
+    index = read_index(source, data_root)
+    spec = ClipSpec(n_frames, height, width, min_delta, max_delta, loop_short_clips=loop_short)
+    dataset = VideoClipDataset(index, spec, train=True, seed=seed, max_redraws=1)
+    keys = [(0, i % len(index)) for i in range(samples)] if samples else [(0, i) for i in range(len(index))]
+    report = {"files": [], "ok": 0, "skipped": {}}
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+    for number, key in enumerate(keys):
+        i = key[1]
+        entry = {"path": str(index.path(i)), "status": "ok", "reason": None}
+        try:
+            entry.update({k: v for k, v in probe_video(index.path(i)).items() if k in ("width", "height", "rotation")})
+            item = dataset[(number, i)] if samples else dataset[key]
+            entry["shape"] = list(item["video"].shape)
+            report["ok"] += 1
+            if out:
+                save_strip(item["video"], out / f"{number:04d}_{Path(entry['path']).stem}.png")
+        except (ClipError, DataFailureError) as error:
+            reason = error.reason if isinstance(error, ClipError) else str(error).split("failed: ")[-1].split(" x")[0]
+            entry.update(status="skipped", reason=reason)
+            report["skipped"][reason] = report["skipped"].get(reason, 0) + 1
+        report["files"].append(entry)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m training.dataset", description="Preview the clips training will see.")
+    parser.add_argument("source", help="folder, annotation JSON, or JSONL/CSV index")
+    parser.add_argument("--data-root", help="folder the index paths are relative to (default: the index's folder)")
+    parser.add_argument("--height", type=int, default=480)
+    parser.add_argument("--width", type=int, default=720)
+    parser.add_argument("--n-frames", type=int, default=13)
+    parser.add_argument("--min-frame-delta", type=int, default=1)
+    parser.add_argument("--max-frame-delta", type=int, default=1)
+    parser.add_argument("--loop-short", action="store_true", help="loop clips shorter than needed instead of skipping")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--per-file", action="store_true", help="one clip per file (default)")
+    group.add_argument("--samples", type=int, help="N random draws instead")
+    parser.add_argument("--out", type=Path, help="write PNG strips here")
+    parser.add_argument("--json", action="store_true", help="print one JSON summary")
+    args = parser.parse_args(argv)
+    try:
+        report = preview(args.source, args.height, args.width, args.n_frames, args.samples, args.out, args.data_root,
+                         min_delta=args.min_frame_delta, max_delta=args.max_frame_delta, loop_short=args.loop_short)
+    except (IndexFormatError, DataFailureError) as error:
+        print(f"error: {error}")
+        return 2
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for entry in report["files"]:
+            detail = f"shape {entry.get('shape')}" if entry["status"] == "ok" else f"skipped: {entry['reason']}"
+            size = f"{entry.get('width', '?')}x{entry.get('height', '?')} rot {entry.get('rotation', '?')}"
+            print(f"{entry['status']:7s} {size:22s} {detail:28s} {entry['path']}")
+        print(f"{report['ok']} ok, skipped: {report['skipped'] or 'none'}")
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -22,7 +22,10 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file by accelerate launch: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import torch  # noqa: E402
+
 from training.config import ConfigError, TrainConfig, load_config, write_resolved_config  # noqa: E402
+from training.dataset import DataFailureError, FailureTracker, IndexFormatError  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -72,7 +75,6 @@ def prepare_run_dir(config: TrainConfig) -> Path:
 
 
 def build_accelerator(config: TrainConfig, run_dir: Path):
-    import torch
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs, ProjectConfiguration
 
@@ -98,6 +100,8 @@ def build_accelerator(config: TrainConfig, run_dir: Path):
         )
     if deepspeed_plugin is not None:
         deepspeed_plugin.deepspeed_config["gradient_clipping"] = config.max_grad_norm
+        # the loader is ours (see build_train_loader), so DeepSpeed learns the micro-batch here
+        deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = config.batch_size_per_gpu
     return accelerator
 
 
@@ -135,40 +139,43 @@ def build_model(config: TrainConfig):
 
 
 def build_datasets(config: TrainConfig):
-    from training.dataset import VideoClipDataset, split_videos
+    from training.dataset import ClipSpec, VideoClipDataset, read_index
 
     data_root = Path(config.data_root)
     if config.synthetic_data and not data_root.is_dir():
-        from scripts.make_synthetic_clips import make_clips
+        from scripts.make_sample_videos import make_sample_videos
 
-        make_clips(data_root, count=48, seed=0)
-    train_paths, validation_paths = split_videos(data_root, config.validation_fraction)
-    common = dict(n_frames=config.n_frames, height=config.height, width=config.width,
-                  loop_short_clips=config.short_clip_policy == "loop", seed=config.seed)
-    train = VideoClipDataset(train_paths, min_frame_delta=config.min_frame_delta, max_frame_delta=config.max_frame_delta,
-                             train=True, horizontal_flip=config.horizontal_flip, **common)
-    validation = VideoClipDataset(validation_paths, train=False, **common)
-    return train, validation
+        make_sample_videos(data_root, seed=0)
+    train_index, validation_index = read_index(config.index_path or data_root, data_root).split(config.validation_fraction)
+    spec = ClipSpec(config.n_frames, config.height, config.width, config.min_frame_delta, config.max_frame_delta,
+                    config.horizontal_flip, loop_short_clips=config.short_clip_policy == "loop")
+    return VideoClipDataset(train_index, spec, train=True, seed=config.seed), VideoClipDataset(validation_index, spec, train=False, seed=config.seed)
 
 
-def build_train_loader(config: TrainConfig, dataset):
-    import torch
+def build_train_loader(config: TrainConfig, dataset, rank: int, world_size: int):
+    """Our own sampler shards the data (disjoint per rank, resumable mid-epoch); the loader is
+    not handed to accelerate, which would shard it a second time."""
     from torch.utils.data import DataLoader
 
-    return DataLoader(
+    from training.dataset import EpochShardSampler, collate_clips, seed_worker
+
+    sampler = EpochShardSampler(len(dataset), config.batch_size_per_gpu, rank, world_size, seed=config.seed)
+    workers = config.num_workers
+    loader = DataLoader(
         dataset,
         batch_size=config.batch_size_per_gpu,
-        shuffle=True,
-        drop_last=True,
-        num_workers=config.num_workers,
-        prefetch_factor=config.prefetch_factor if config.num_workers > 0 else None,
+        sampler=sampler,
+        num_workers=workers,
+        collate_fn=collate_clips,
+        prefetch_factor=config.prefetch_factor if workers > 0 else None,
+        persistent_workers=config.persistent_workers and workers > 0,
         pin_memory=torch.cuda.is_available(),
-        generator=torch.Generator().manual_seed(config.seed),
+        worker_init_fn=seed_worker,
     )
+    return loader, sampler
 
 
 def build_optimizer(config: TrainConfig, model):
-    import torch
     from diffusers.optimization import get_scheduler
 
     optimizer = torch.optim.AdamW(
@@ -241,7 +248,6 @@ def save_checkpoint(accelerator, config: TrainConfig, run_dir: Path, step: int) 
 
 def export_model(accelerator, model, config: TrainConfig, folder: Path, step: int) -> None:
     """Public-format weights (.pth and .safetensors) plus model_info.json, written atomically."""
-    import torch
     from safetensors.torch import save_file
 
     from models.taehv import write_model_info
@@ -314,8 +320,6 @@ def pixel_loss(config: TrainConfig, prediction, target):
 
 
 def psnr(prediction, target):
-    import torch
-
     mse = (prediction.float() - target.float()).pow(2).flatten(1).mean(1).clamp_min(1e-10)
     return -10 * torch.log10(mse)
 
@@ -323,7 +327,7 @@ def psnr(prediction, target):
 def train_step(accelerator, model, optimizer, scheduler, batch, config: TrainConfig) -> dict:
     """One micro-step of autoencoder reconstruction: decode(encode(video)) against the aligned
     input frames. Returns detached tensors; nothing here syncs with the device."""
-    video = batch.float() / 255  # N,T,3,H,W in [0, 1]
+    video = batch.to(accelerator.device, non_blocking=True).float() / 255  # N,T,3,H,W in [0, 1]
     with accelerator.accumulate(model):
         decoded = model(video.to(model_dtype(model))).float()
         target = aligned_frames(video, decoded)
@@ -342,8 +346,6 @@ def train_step(accelerator, model, optimizer, scheduler, batch, config: TrainCon
 def validate(accelerator, model, dataset, config: TrainConfig) -> dict:
     """Mean PSNR over the held-out clips. Every rank runs the same number of forwards (ZeRO-3
     gathers parameters collectively); wrapped-around duplicates are not counted."""
-    import torch
-
     count = min(config.validation_samples, len(dataset))
     per_rank = -(-count // accelerator.num_processes)
     totals = torch.zeros(2, device=accelerator.device)  # sum of PSNR, number of clips
@@ -351,7 +353,7 @@ def validate(accelerator, model, dataset, config: TrainConfig) -> dict:
     with torch.no_grad():
         for position in range(per_rank):
             index = position * accelerator.num_processes + accelerator.process_index
-            video = dataset[index % count][None].to(accelerator.device).float() / 255
+            video = dataset[index % count]["video"][None].to(accelerator.device).float() / 255
             decoded = model(video.to(model_dtype(model))).float()
             if index < count:
                 totals += torch.stack([psnr(decoded, aligned_frames(video, decoded)).sum(), torch.tensor(1.0, device=accelerator.device)])
@@ -360,10 +362,17 @@ def validate(accelerator, model, dataset, config: TrainConfig) -> dict:
     return {"psnr": (totals[0] / totals[1]).item()}
 
 
+def skip_counts(accelerator, failures) -> dict:
+    """Skipped clip draws by reason, summed over ranks (cumulative)."""
+    from training.dataset import SKIP_REASONS
+
+    local = torch.tensor([float(failures.counts[r]) for r in SKIP_REASONS], device=accelerator.device)
+    total = accelerator.reduce(local, reduction="sum") if accelerator.num_processes > 1 else local
+    return {f"data/skipped_{reason}": value for reason, value in zip(SKIP_REASONS, total.tolist())}
+
+
 def memory_gb(device) -> float:
     import resource
-
-    import torch
 
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
@@ -372,8 +381,6 @@ def memory_gb(device) -> float:
 
 def start_profiler(run_dir: Path, rank: int):
     """torch.profiler over steps 2-4 (after one warm-up step); one Chrome trace per rank."""
-    import torch
-
     folder = run_dir / "profile"
     folder.mkdir(parents=True, exist_ok=True)
     activities = [torch.profiler.ProfilerActivity.CPU]
@@ -405,17 +412,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"resume error: {error}", file=sys.stderr)
             return 2
 
-    import torch
     from accelerate.utils import set_seed
 
     accelerator = build_accelerator(config, run_dir)
     log = RunLog(run_dir, accelerator.is_main_process)
     set_seed(config.seed, device_specific=True)
     model = build_model(config)
-    train_dataset, validation_dataset = build_datasets(config)
-    train_loader = build_train_loader(config, train_dataset)
+    try:
+        train_dataset, validation_dataset = build_datasets(config)
+        train_loader, sampler = build_train_loader(config, train_dataset, accelerator.process_index, accelerator.num_processes)
+    except (DataFailureError, IndexFormatError) as error:
+        print(f"data error: {error}", file=sys.stderr, flush=True)
+        return 3
+    failures = FailureTracker(config.max_failed_fraction)
     optimizer, scheduler = build_optimizer(config, model)
-    model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
+    model, optimizer = accelerator.prepare(model, optimizer)
     check_deepspeed_batch(accelerator, config)
     progress = Progress()
     accelerator.register_for_checkpointing(scheduler, progress)
@@ -427,18 +438,33 @@ def main(argv: list[str] | None = None) -> int:
         log.line(f"resumed from {resume_from} at step {progress.step}")
 
     profiler = start_profiler(run_dir, accelerator.process_index) if args.torch_profile else None
-    micro_steps_per_epoch = len(train_loader)
+    try:
+        train(accelerator, config, run_dir, log, model, optimizer, scheduler, train_loader, sampler,
+              validation_dataset, failures, progress, profiler)
+    except DataFailureError as error:
+        log.line(f"data error: {error}")
+        print(f"data error on rank {accelerator.process_index}: {error}", file=sys.stderr, flush=True)
+        return 3
+    export_model(accelerator, model, config, run_dir / "final", progress.step)
+    print(f"rank {accelerator.process_index} of {accelerator.num_processes}: final weights fingerprint "
+          f"{weights_fingerprint(full_state_dict(accelerator, model))}", flush=True)
+    log.line(f"done at step {progress.step}: exported {run_dir / 'final'}")
+    accelerator.end_training()
+    return 0
+
+
+def train(accelerator, config, run_dir, log, model, optimizer, scheduler, train_loader, sampler,
+          validation_dataset, failures, progress, profiler) -> None:
+    """Optimizer steps until max_steps, with logging, validation and checkpoints at their intervals."""
     micro_step = progress.step * config.gradient_accumulation_steps
     last_log_time, data_wait, window = time.perf_counter(), 0.0, []
     while progress.step < config.max_steps:
-        epoch, skip = divmod(micro_step, micro_steps_per_epoch)
-        train_dataset.epoch = epoch
-        train_loader.set_epoch(epoch)
-        batches = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
+        sampler.set_position(*divmod(micro_step, sampler.batches_per_epoch))  # exact resume, no decoding to skip
         fetch_start = time.perf_counter()
-        for batch in batches:
+        for batch in train_loader:
             data_wait += time.perf_counter() - fetch_start
-            window.append(train_step(accelerator, model, optimizer, scheduler, batch, config))
+            failures.update(batch["skipped"], len(batch["video"]))
+            window.append(train_step(accelerator, model, optimizer, scheduler, batch["video"], config))
             micro_step += 1
             if accelerator.sync_gradients:
                 progress.step += 1
@@ -454,10 +480,11 @@ def main(argv: list[str] | None = None) -> int:
                         "train/data_wait_fraction": data_wait / elapsed,
                         "train/gpu_memory_gb": memory_gb(accelerator.device),
                     })
+                    scalars.update(skip_counts(accelerator, failures))
                     accelerator.log(scalars, step=step)
                     log.line(f"Step {step}/{config.max_steps} | Loss: {scalars['train/loss']:.4f} | "
                              f"PSNR: {scalars['train/psnr']:.2f} dB | GPU: {scalars['train/gpu_memory_gb']:.1f}GB | "
-                             f"{config.log_every / elapsed:.2f} steps/sec")
+                             f"{len(window) / config.gradient_accumulation_steps / elapsed:.2f} steps/sec")
                     last_log_time, data_wait, window = time.perf_counter(), 0.0, []
                 if step % config.validation_steps == 0 or step == config.max_steps:
                     metrics = validate(accelerator, model, validation_dataset, config)
@@ -472,12 +499,6 @@ def main(argv: list[str] | None = None) -> int:
 
     if profiler is not None:
         profiler.stop()
-    export_model(accelerator, model, config, run_dir / "final", progress.step)
-    print(f"rank {accelerator.process_index} of {accelerator.num_processes}: final weights fingerprint "
-          f"{weights_fingerprint(full_state_dict(accelerator, model))}", flush=True)
-    log.line(f"done at step {progress.step}: exported {run_dir / 'final'}")
-    accelerator.end_training()
-    return 0
 
 
 if __name__ == "__main__":
