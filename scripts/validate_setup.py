@@ -99,25 +99,29 @@ def check_config(report: Report, profile: str, ngpu: int, overrides: list[str]):
 def check_data(report: Report, config) -> None:
     import random
 
-    from training.dataset import ClipError, decode_clip, list_videos
+    from training.dataset import ClipError, IndexFormatError, read_clip, read_index
 
     root = Path(config.data_root)
     if not root.is_dir():
         status = "WARN" if config.synthetic_data else "FAIL"
         report.add(status, "dataset", f"{root} absent" + (" (synthetic clips are made at start)" if config.synthetic_data else ""))
         return
-    videos = list_videos(root)
-    if not videos:
+    try:
+        index = read_index(config.index_path or root, root)
+    except IndexFormatError as error:
+        report.add("FAIL", "dataset", str(error))
+        return
+    if len(index) == 0:
         report.add("FAIL", "dataset", f"no video files under {root}")
         return
-    for path in videos[:5]:
+    for i in range(min(5, len(index))):
         try:
-            decode_clip(path, 1, 1, random.Random(0), loop_short=True)
-            report.add("PASS", "dataset", f"{len(videos)} files under {root}; {path.name} decodes")
+            read_clip(index.path(i), int(index.frames[i]), 1, 1, 1, random.Random(0), loop_short=True)
+            report.add("PASS", "dataset", f"{len(index)} clips in {config.index_path or root}; {index.relative(i)} decodes")
             return
         except ClipError as error:
             last = error
-    report.add("FAIL", "dataset", f"none of the first 5 files decodes: {last}")
+    report.add("FAIL", "dataset", f"none of the first 5 clips decodes: {last}")
 
 
 def check_weights(report: Report, config) -> None:

@@ -1,0 +1,153 @@
+"""Data pipeline throughput and memory (a benchmark, not a test).
+
+    python -m scripts.benchmark_data [--videos DIR] [--workers 1 2] [--clips 24] [--json OUT]
+
+For each clip set (the sample videos in ../shared/data/videos when present, and synthetic 720p
+clips made here): the raw sequential decode rate of the files (frames/s, PyAV, every frame),
+and the training dataset's rate at 480x720x12 frames (random start, stride 1-3, resize + crop)
+with 1 and N loader workers, in clips/s and delivered frames/s. `ratio_1worker` is one worker's
+delivered frames/s over the raw rate. Last, the resident and private memory of a loader worker
+whose dataset holds a one-million-entry index.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import av
+import numpy as np
+import psutil
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from scripts.make_sample_videos import render_clip, write_clip
+from training.dataset import ClipIndex, ClipSpec, EpochShardSampler, VideoClipDataset, collate_clips, read_index
+
+SHARED_VIDEOS = Path(__file__).resolve().parents[2] / "shared" / "data" / "videos"
+
+
+def raw_decode_fps(paths: list[Path]) -> float:
+    frames, start = 0, time.perf_counter()
+    for path in paths:
+        try:
+            with av.open(str(path)) as container:
+                stream = container.streams.video[0]
+                stream.thread_type = "AUTO"
+                for _ in container.decode(stream):
+                    frames += 1
+        except av.FFmpegError:
+            continue  # a broken file counts the frames it gave
+    return frames / (time.perf_counter() - start)
+
+
+def loader_rate(index: ClipIndex, workers: int, clips: int, n_frames: int) -> dict:
+    spec = ClipSpec(n_frames, 480, 720, 1, 3, horizontal_flip=True, loop_short_clips=True)
+    dataset = VideoClipDataset(index, spec, train=True, seed=0)
+    sampler = EpochShardSampler(max(len(index), 1), 1, seed=0)
+
+    def keys():
+        epoch = 0
+        while True:
+            sampler.set_position(epoch)
+            yield from sampler
+            epoch += 1
+
+    class Draws(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            info = torch.utils.data.get_worker_info()
+            for number, key in enumerate(keys()):
+                if number >= clips:
+                    return
+                if info is None or number % info.num_workers == info.id:
+                    yield dataset[key]
+
+    loader = DataLoader(Draws(), batch_size=None, num_workers=workers, prefetch_factor=4 if workers else None)
+    iterator = iter(loader)
+    next(iterator)  # worker start-up is not throughput
+    start, count = time.perf_counter(), 1
+    for _ in iterator:
+        count += 1
+    seconds = time.perf_counter() - start
+    return {"clips_per_s": round((count - 1) / seconds, 3), "decoded_fps": round((count - 1) * n_frames / seconds, 2)}
+
+
+class IndexProbe(Dataset):
+    """Each item: this worker's RSS and USS in MB after touching the index."""
+
+    def __init__(self, index: ClipIndex):
+        self.index = index
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        for j in range(0, len(self.index), 997):
+            self.index.path(j)
+        memory = psutil.Process().memory_full_info()
+        return torch.tensor([memory.rss / 2**20, memory.uss / 2**20])
+
+
+def index_memory(entries: int = 1_000_000, workers: int = 2) -> dict:
+    paths = [f"videos/shard_{i // 1000:04d}/clip_{i:07d}.mp4" for i in range(entries)]
+    index = ClipIndex("/data", paths, frames=np.full(entries, 120), fps=np.full(entries, 24.0))
+    del paths
+    array_mb = sum(a.nbytes for a in (index._blob, index._offsets, index.frames, index.fps, index.width,
+                                      index.height, index.rotation)) / 2**20
+    loader = DataLoader(IndexProbe(index), batch_size=None, num_workers=workers)
+    readings = torch.stack(list(loader))
+    return {"index_entries": entries, "index_arrays_mb": round(array_mb, 1),
+            "rss_mb_per_worker_1m_index": round(readings[:, 0].max().item(), 1),
+            "uss_mb_per_worker_1m_index": round(readings[:, 1].max().item(), 1)}
+
+
+def synthetic_720p(folder: Path, count: int = 4, frames: int = 48) -> list[Path]:
+    paths = []
+    for i in range(count):
+        path = folder / f"synthetic_720p_{i}.mp4"
+        write_clip(path, render_clip(100 + i, frames, 720, 1280), fps=30)
+        paths.append(path)
+    return paths
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--videos", type=Path, default=SHARED_VIDEOS)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, os.cpu_count() or 2])
+    parser.add_argument("--clips", type=int, default=24)
+    parser.add_argument("--n-frames", type=int, default=12)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    result = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GB",
+              "pyav": av.__version__, "n_frames": args.n_frames, "size": "480x720", "sets": {}}
+    with tempfile.TemporaryDirectory() as scratch:
+        sets = {"synthetic_720p": ClipIndex(scratch, [p.name for p in synthetic_720p(Path(scratch))])}
+        if args.videos.is_dir():
+            sets = {"sample_videos": read_index(args.videos), **sets}
+        for name, index in sets.items():
+            raw = raw_decode_fps([index.path(i) for i in range(len(index))])
+            workers = {str(w): loader_rate(index, w, args.clips, args.n_frames) for w in args.workers}
+            one = workers.get("1")
+            result["sets"][name] = {"files": len(index), "raw_decode_fps": round(raw, 2), "workers": workers,
+                                    "ratio_1worker": round(one["decoded_fps"] / raw, 3) if one else None}
+            print(f"{name}: raw {raw:.1f} frames/s; " + "; ".join(
+                f"{w} worker(s) {r['clips_per_s']} clips/s = {r['decoded_fps']} frames/s" for w, r in workers.items()), flush=True)
+    first = next(iter(result["sets"].values()))
+    result.update(raw_decode_fps=first["raw_decode_fps"], workers=first["workers"], ratio_1worker=first["ratio_1worker"])
+    result.update(index_memory())
+    print(json.dumps(result, indent=2))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
