@@ -7,6 +7,7 @@ round trip on a real clip (or a synthetic one when ../shared/data/videos is abse
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 import time
 from pathlib import Path
@@ -14,25 +15,16 @@ from pathlib import Path
 import torch
 
 from models.taehv import VARIANTS, TAEHV, parameter_count
+from training.dataset import read_clip, resize_and_crop
 
 SHARED_VIDEO = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "videos" / "bear.mp4"
 
 
-def read_clip(path: Path, n_frames: int, size: int) -> torch.Tensor:
-    """First n_frames of a video as 1,T,3,size,size in [0, 1] (centre crop, nearest resize)."""
-    import av
-
-    frames = []
-    with av.open(str(path)) as container:
-        for frame in container.decode(video=0):
-            frames.append(torch.from_numpy(frame.to_ndarray(format="rgb24")))
-            if len(frames) == n_frames:
-                break
-    video = torch.stack(frames).permute(0, 3, 1, 2).float() / 255
-    side = min(video.shape[-2:])
-    top, left = (video.shape[-2] - side) // 2, (video.shape[-1] - side) // 2
-    video = video[..., top : top + side, left : left + side]
-    return torch.nn.functional.interpolate(video, size=(size, size), mode="area")[None]
+def read_video(path: Path, n_frames: int, size: int) -> torch.Tensor:
+    """First n_frames of a video as 1,T,3,size,size in [0, 1] (centre crop), via the data pipeline."""
+    frames, _ = read_clip(path, n_frames, n_frames, 1, 1, random.Random(0), loop_short=True, cover=(size, size))
+    video = resize_and_crop(torch.from_numpy(frames).permute(0, 3, 1, 2), size, size, rng=None)
+    return video[None].float() / 255
 
 
 def synthetic_clip(n_frames: int, size: int) -> torch.Tensor:
@@ -68,7 +60,7 @@ def main() -> int:
             f"{name:16s} {parameter_count(model):11,d} {str(tuple(latents.shape[1:])):>18s} "
             f"{str(tuple(decoded.shape[1:3])):>16s} {difference:14.2e} {'ok' if ok else 'FAIL'}"
         )
-    clip = read_clip(args.video, 12, 64) if args.video.is_file() else synthetic_clip(12, 64)
+    clip = read_video(args.video, 12, 64) if args.video.is_file() else synthetic_clip(12, 64)
     source = args.video if args.video.is_file() else "synthetic clip"
     model = TAEHV("taehv").eval()
     start = time.perf_counter()

@@ -71,14 +71,16 @@ def test_rotation_short_clip_loop_and_mkv():
     names = [dataset.index.path(i).name for i in range(len(dataset))]
     rotated = dataset[(0, names.index("rotated_90.mov"))]["video"]
     assert rotated.shape == (13, 3, 64, 48)  # 3 frames looped to 13
-    frames, rotation, _ = decode_frames(SAMPLE_VIDEOS / "rotated_90.mov", [0])
-    assert rotation % 180 != 0 and frames[0].shape[:2] == (320, 568)  # stored landscape...
+    decoded = decode_frames(SAMPLE_VIDEOS / "rotated_90.mov", [0])
+    assert decoded.rotation % 180 != 0 and decoded.frames[0].shape[:2] == (320, 568)  # stored landscape...
     from training.dataset import read_clip
 
-    clip = read_clip(SAMPLE_VIDEOS / "rotated_90.mov", 3, 3, 1, 1, random.Random(0), False)
+    clip, _ = read_clip(SAMPLE_VIDEOS / "rotated_90.mov", 3, 3, 1, 1, random.Random(0), False)
     assert clip.shape[1:3] == (568, 320)  # ...comes out portrait
-    mkv = read_clip(SAMPLE_VIDEOS / "flipping_a_pancake.mkv", -1, 13, 2, 2, random.Random(3), False)
-    assert mkv.shape == (13, 240, 426, 3)
+    scaled, _ = read_clip(SAMPLE_VIDEOS / "rotated_90.mov", 3, 3, 1, 1, random.Random(0), False, cover=(64, 48))
+    assert scaled.shape[1:3] == (85, 48)  # scaled while decoding, still portrait, covering 64x48
+    mkv, decoded = read_clip(SAMPLE_VIDEOS / "flipping_a_pancake.mkv", -1, 13, 2, 2, random.Random(3), False)
+    assert mkv.shape == (13, 240, 426, 3) and decoded >= 25
 
 
 @needs_samples
@@ -87,7 +89,7 @@ def test_wrong_header_count_does_not_break_sampling():
 
     # teddy.mp4 claims 142 frames and has 141: windows that end on the last frame still decode
     for seed in range(20):
-        clip = read_clip(SAMPLE_VIDEOS / "teddy.mp4", 142, 13, 11, 11, random.Random(seed), False)
+        clip, _ = read_clip(SAMPLE_VIDEOS / "teddy.mp4", 142, 13, 11, 11, random.Random(seed), False)
         assert clip.shape == (13, 480, 368, 3)
 
 
@@ -95,16 +97,17 @@ def test_wrong_header_count_does_not_break_sampling():
 @pytest.mark.parametrize("name, indices", [("bear.mp4", [40, 43, 46, 49]), ("nasa_13013.mp4", [200, 201, 250])])
 def test_seeking_gives_the_same_frames_as_a_full_decode(name, indices):
     reference = full_decode(SAMPLE_VIDEOS / name)
-    frames, _, _ = decode_frames(SAMPLE_VIDEOS / name, indices)
-    assert all(np.array_equal(frame, reference[i]) for frame, i in zip(frames, indices))
+    decoded = decode_frames(SAMPLE_VIDEOS / name, indices)
+    assert all(np.array_equal(frame, reference[i]) for frame, i in zip(decoded.frames, indices))
+    assert decoded.decoded < len(reference)  # seeking did not decode the whole file
 
 
 def test_seeking_on_synthetic_clips(sample_clips):
     path = sorted(sample_clips.glob("*.mp4"))[3]
     reference = full_decode(path)
     indices = [len(reference) - 9, len(reference) - 5, len(reference) - 1]
-    frames, _, seen = decode_frames(path, indices)
-    assert all(np.array_equal(frame, reference[i]) for frame, i in zip(frames, indices))
+    decoded = decode_frames(path, indices)
+    assert all(np.array_equal(frame, reference[i]) for frame, i in zip(decoded.frames, indices))
 
 
 def test_same_seed_same_samples_with_0_and_2_workers(sample_clips):

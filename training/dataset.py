@@ -210,10 +210,25 @@ def choose_window(frame_count: int, n_frames: int, min_delta: int, max_delta: in
     return rng.randrange(frame_count - span + 1), stride
 
 
-def decode_frames(path: Path, wanted: list[int]) -> tuple[list[np.ndarray], int, int]:
+def cover_size(height: int, width: int, target_height: int, target_width: int) -> tuple[int, int]:
+    """Smallest size with the same aspect ratio that covers the target (up- or downscaling)."""
+    scale = max(target_height / height, target_width / width)
+    return max(target_height, round(height * scale)), max(target_width, round(width * scale))
+
+
+@dataclass
+class Decoded:
+    frames: list[np.ndarray]  # h,w,3 uint8 as stored (scaled when asked)
+    rotation: int  # degrees, from the display matrix
+    seen: int  # frames the stream has up to the last one decoded
+    decoded: int  # frames the decoder produced (from the keyframe before the start)
+
+
+def decode_frames(path: Path, wanted: list[int], cover: tuple[int, int] | None = None) -> Decoded:
     """Frames at the given (sorted) indices, by seeking to the keyframe before the first one and
     decoding forward. Frame indices are times x average fps, so variable-rate files and wrong
-    header counts work. Returns (frames H,W,3 uint8, rotation, number of frames seen)."""
+    header counts work. With `cover` (H, W), frames are scaled during the RGB conversion
+    (libswscale) so that, once rotated, they cover H x W."""
     import av
 
     try:
@@ -221,7 +236,7 @@ def decode_frames(path: Path, wanted: list[int]) -> tuple[list[np.ndarray], int,
     except Exception as error:
         raise ClipError("open_error", f"{path}: {error}") from None
     frames: list[np.ndarray] = []
-    rotation, seen = 0, 0
+    rotation, seen, decoded = 0, 0, 0
     with container:
         if not container.streams.video:
             raise ClipError("no_video_stream", str(path))
@@ -234,27 +249,63 @@ def decode_frames(path: Path, wanted: list[int]) -> tuple[list[np.ndarray], int,
             container.seek(start_pts + int(wanted[0] / fps / time_base), stream=stream, backward=True, any_frame=False)
         targets = iter(wanted)
         target = next(targets)
+        scaling: dict = {"format": "rgb24"}
         try:
             for frame in container.decode(stream):
+                decoded += 1
                 index = round((frame.pts - start_pts) * time_base * fps) if frame.pts is not None else seen
                 seen = max(seen, index + 1)
                 while target is not None and index >= target:  # a gap takes the next frame
-                    frames.append(frame.to_ndarray(format="rgb24"))
+                    if cover and not frames:
+                        rotation = int(getattr(frame, "rotation", 0) or 0)
+                        scaling.update(_scaling(frame.height, frame.width, rotation, cover))
+                    frames.append(frame.to_ndarray(**scaling))
                     rotation = int(getattr(frame, "rotation", 0) or 0)
                     target = next(targets, None)
                 if target is None:
                     break
         except Exception as error:
             raise ClipError("decode_error", f"{path}: {error}") from None
-    return frames, rotation, seen
+    return Decoded(frames, rotation, seen, decoded)
+
+
+def header_frame_count(path: Path) -> int:
+    """Frame count from the container header, else duration x fps (an estimate that read_clip
+    corrects when decoding finds fewer frames); 1,000,000 when neither is known."""
+    import av
+
+    try:
+        with av.open(str(path)) as container:
+            stream = container.streams.video[0]
+            if stream.frames:
+                return stream.frames
+            fps = float(stream.average_rate or stream.guessed_rate or 0)
+            seconds = float(stream.duration * stream.time_base) if stream.duration else (container.duration or 0) / 1e6
+            return round(seconds * fps) if seconds and fps else 1_000_000
+    except Exception as error:
+        raise ClipError("open_error", f"{path}: {error}") from None
+
+
+def _scaling(height: int, width: int, rotation: int, cover: tuple[int, int]) -> dict:
+    """swscale arguments for a stored frame whose rotated view must cover `cover` (H, W)."""
+    quarter_turn = round(rotation / 90) % 2 == 1
+    shown = (width, height) if quarter_turn else (height, width)
+    new_h, new_w = cover_size(*shown, *cover)
+    stored_h, stored_w = (new_w, new_h) if quarter_turn else (new_h, new_w)
+    if (stored_h, stored_w) == (height, width):
+        return {}
+    shrinking = stored_h * stored_w < height * width
+    return {"height": stored_h, "width": stored_w, "interpolation": "AREA" if shrinking else "BILINEAR"}
 
 
 def read_clip(path: Path, frame_count: int, n_frames: int, min_delta: int, max_delta: int,
-              rng: random.Random, loop_short: bool) -> np.ndarray:
-    """n_frames,H,W,3 uint8 with rotation applied. A wrong or missing header count is corrected
-    by what decoding finds, with one more seek."""
+              rng: random.Random, loop_short: bool, cover: tuple[int, int] | None = None) -> tuple[np.ndarray, int]:
+    """(n_frames,H,W,3 uint8 with rotation applied and scaled to cover `cover` when given, frames
+    the decoder produced). A wrong or missing header count is corrected by what decoding finds,
+    with one more seek."""
+    decoded_total = 0
     if frame_count < 1:
-        frame_count = 1_000_000  # unknown: decode to learn the real length
+        frame_count = header_frame_count(path)
     for attempt in range(2):
         try:
             start, stride = choose_window(frame_count, n_frames, min_delta, max_delta, rng)
@@ -265,29 +316,30 @@ def read_clip(path: Path, frame_count: int, n_frames: int, min_delta: int, max_d
         wanted = [start + i * stride for i in range(n_frames)]
         if loop_short and frame_count < wanted[-1] + 1:
             wanted = sorted({w % frame_count for w in wanted})
-        frames, rotation, seen = decode_frames(path, wanted)
+        result = decode_frames(path, wanted, cover)
+        decoded_total += result.decoded
+        frames, rotation = result.frames, result.rotation
         if len(frames) == len(wanted):
             break
-        if seen == 0:
+        if result.seen == 0:
             raise ClipError("no_frames", str(path))
-        frame_count = seen  # the header promised more than the stream holds
+        frame_count = result.seen  # the header promised more than the stream holds
     else:
-        raise ClipError("decode_error", f"{path}: stream ended after {seen} frames")
+        raise ClipError("decode_error", f"{path}: stream ended after {result.seen} frames")
     if loop_short and len(frames) < n_frames:
         frames = [frames[i % len(frames)] for i in range(n_frames)]
     video = np.stack(frames)
     if rotation:
         video = np.rot90(video, k=round(rotation / 90) % 4, axes=(1, 2))
-    return np.ascontiguousarray(video)
+    return np.ascontiguousarray(video), decoded_total
 
 
 def resize_and_crop(video: torch.Tensor, height: int, width: int, rng: random.Random | None) -> torch.Tensor:
     """T,3,h,w uint8 -> T,3,height,width uint8: scale (keeping aspect, up or down) to cover, then
     crop (random when rng is given, centred otherwise)."""
     h, w = video.shape[-2:]
-    scale = max(height / h, width / w)
-    new_h, new_w = max(height, round(h * scale)), max(width, round(w * scale))
-    if (new_h, new_w) != (h, w):
+    new_h, new_w = cover_size(h, w, height, width)
+    if (new_h, new_w) != (h, w):  # frames from read_clip(cover=...) already cover: crop only
         video = F.interpolate(video.float(), size=(new_h, new_w), mode="bilinear", antialias=True, align_corners=False)
         video = video.round().clamp(0, 255).to(torch.uint8)
     top = rng.randrange(new_h - height + 1) if rng else (new_h - height) // 2
@@ -312,7 +364,8 @@ class ClipSpec:
 
 
 class VideoClipDataset(Dataset):
-    """dataset[(epoch, index)] -> {"video": uint8 T,3,H,W, "skipped": [(reason, path), ...]}.
+    """dataset[(epoch, index)] -> {"video": uint8 T,3,H,W, "skipped": [(reason, path), ...],
+    "decoded_frames": frames the decoder produced for it}.
     Training draws (start, stride, crop, flip) from a generator seeded by (seed, epoch, index);
     validation takes a centred crop at the smallest stride from a fixed start."""
 
@@ -327,15 +380,15 @@ class VideoClipDataset(Dataset):
     def __getitem__(self, key) -> dict:
         epoch, index = key if isinstance(key, tuple) else (0, key)
         rng = random.Random(f"{self.seed}/{epoch}/{index}")
-        spec, skipped = self.spec, []
+        spec, skipped, decoded = self.spec, [], 0
         for attempt in range(self.max_redraws):
             i = index if attempt == 0 else rng.randrange(len(self.index))
             path = self.index.path(i)
             max_delta = spec.max_frame_delta if self.train else spec.min_frame_delta
             window_rng = rng if self.train else random.Random(i)
             try:
-                frames = read_clip(path, int(self.index.frames[i]), spec.n_frames, spec.min_frame_delta, max_delta,
-                                   window_rng, spec.loop_short_clips)
+                frames, decoded = read_clip(path, int(self.index.frames[i]), spec.n_frames, spec.min_frame_delta,
+                                            max_delta, window_rng, spec.loop_short_clips, cover=(spec.height, spec.width))
             except ClipError as error:
                 skipped.append((error.reason, str(path)))
                 continue
@@ -343,12 +396,13 @@ class VideoClipDataset(Dataset):
                                     rng if self.train else None)
             if self.train and spec.horizontal_flip and rng.random() < 0.5:
                 video = video.flip(-1)
-            return {"video": video.contiguous(), "skipped": skipped}
+            return {"video": video.contiguous(), "skipped": skipped, "decoded_frames": decoded}
         raise DataFailureError(f"all {self.max_redraws} draws for sample {index} failed: {describe_skips(skipped)}")
 
 
 def collate_clips(items: list[dict]) -> dict:
-    return {"video": torch.stack([item["video"] for item in items]), "skipped": [s for item in items for s in item["skipped"]]}
+    return {"video": torch.stack([item["video"] for item in items]), "skipped": [s for item in items for s in item["skipped"]],
+            "decoded_frames": sum(item["decoded_frames"] for item in items)}
 
 
 def describe_skips(skipped: list[tuple[str, str]], examples: int = 3) -> str:
