@@ -241,3 +241,25 @@ def test_preview_tool_json(tmp_path, sample_clips):
     entry = report["files"][0]
     assert entry["status"] == "ok" and entry["shape"] == [8, 3, 32, 48] and entry["width"] > 0 and entry["rotation"] == 0
     assert len(list((tmp_path / "strips").glob("*.png"))) == 8
+
+
+def test_ten_bit_hevc_decodes_to_uint8_rgb(tmp_path):
+    path = tmp_path / "ten_bit.mkv"
+    frames = np.zeros((12, 64, 96, 3), np.uint8)
+    frames[:, :, :48] = (200, 40, 40)
+    with av.open(str(path), mode="w") as container:
+        stream = container.add_stream("libx265", rate=24)
+        stream.height, stream.width, stream.pix_fmt = 64, 96, "yuv420p10le"
+        stream.options = {"x265-params": "log-level=error"}
+        for array in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(array, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    with av.open(str(path)) as container:
+        assert container.streams.video[0].codec_context.pix_fmt == "yuv420p10le"
+    dataset = VideoClipDataset(read_index(tmp_path), ClipSpec(8, 32, 48, 1, 1))
+    video = dataset[(0, 0)]["video"]
+    assert video.shape == (8, 3, 32, 48) and video.dtype == torch.uint8
+    left = video[:, :, :, :20].float().mean((0, 2, 3))
+    assert left[0] > 150 and left[1] < 80  # the red half stays red
