@@ -128,7 +128,7 @@ class Seraena(nn.Module):
                 candidates = torch.cat([fake[: n - n_replay], old_fake.to(fake)], 0)
                 candidate_context = torch.cat([context[: n - n_replay], old_context.to(context)], 0)
         self.buffer.add(fake, context)
-        use_fake = torch.tensor([self.rng.random() < 0.5 for _ in range(n)], device=fake.device)
+        use_fake = torch.tensor([self.rng.random() < 0.5 for _ in range(n)], dtype=torch.bool, device=fake.device)
         images = torch.where(use_fake[:, None, None, None], candidates, real)
         contexts = torch.where(use_fake[:, None, None, None], candidate_context, context)
         scores = self._scores(images, contexts)

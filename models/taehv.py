@@ -409,6 +409,11 @@ class TAEHV(nn.Module):
 
     # loading -------------------------------------------------------------------------------------
     @classmethod
+    def from_args(cls, args: TAEHVArgs) -> "TAEHV":
+        """A fresh model with exactly these construction arguments (e.g. from model_info.json)."""
+        return cls(args.variant, **{k: v for k, v in asdict(args).items() if k != "variant"})
+
+    @classmethod
     def from_pretrained(cls, path: str | Path, variant: str | None = None, **overrides) -> "TAEHV":
         """Load a public-format TAEHV file (.pth or .safetensors).
 
@@ -423,8 +428,7 @@ class TAEHV(nn.Module):
         if variant is None:
             info_args = read_model_info(path)
             args = info_args if info_args is not None else infer_args_from_state_dict(state_dict, path)
-            args = replace(args, **overrides) if overrides else args
-            model = cls(args.variant, **{k: v for k, v in asdict(args).items() if k != "variant"})
+            model = cls.from_args(replace(args, **overrides) if overrides else args)
         else:
             model = cls(variant, **overrides)
         model.load_public_state_dict(state_dict, source=str(path))

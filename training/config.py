@@ -22,12 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from models.reference_vae import FAMILIES, FRAME_RULES
+from models.reference_vae import valid_frame_counts as reference_frame_counts
 from models.taehv import VARIANTS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROFILE_DIR = Path(__file__).resolve().parent / "configs"
 ACCELERATE_CONFIG_DIR = REPO_ROOT / "accelerate_configs"
-REF_VAE_FAMILIES = ("cogvideox", "hunyuan", "wan")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -63,7 +64,7 @@ class TrainConfig:
     synthetic_data: bool = option(False, "generate synthetic sample clips into data_root when it is absent")
     height: int = option(480, "crop height in pixels (multiple of 8 x patch size)")
     width: int = option(720, "crop width in pixels (multiple of 8 x patch size)")
-    n_frames: int = option(13, "frames per training clip (4k+1 for every reference VAE family)")
+    n_frames: int = option(9, "frames per training clip (cogvideox 8k+1, hunyuan/wan 4k+1, autoencoder 4k)")
     min_frame_delta: int = option(1, "smallest frame stride when sampling a clip")
     max_frame_delta: int = option(3, "largest frame stride when sampling a clip")
     horizontal_flip: bool = option(True, "random horizontal flip of training clips")
@@ -243,10 +244,11 @@ def load_config(
 
 
 def valid_frame_counts(config: TrainConfig, limit: int = 64) -> list[int]:
-    """Reference VAEs of every supported family compress time causally by 4: 4k+1 frames.
-    Autoencoder mode needs whole latent frames of the student: multiples of 4."""
+    """Counts whose reference latents decode back to the same frames (models/reference_vae.py:
+    4k+1 for hunyuan and wan, 8k+1 for cogvideox). Autoencoder mode needs whole latent frames of
+    the student: multiples of 4."""
     if config.use_ref_vae:
-        return [n for n in range(5, limit) if n % 4 == 1]
+        return reference_frame_counts(config.ref_vae_family, limit)
     return [n for n in range(4, limit) if n % 4 == 0]
 
 
@@ -259,12 +261,17 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
     c = config
     if c.model_variant not in VARIANTS:
         raise ConfigError(f"model_variant={c.model_variant!r} is not a TAEHV variant; choose one of {', '.join(VARIANTS)}")
-    if c.ref_vae_family not in REF_VAE_FAMILIES:
-        raise ConfigError(f"ref_vae_family={c.ref_vae_family!r}: choose one of {', '.join(REF_VAE_FAMILIES)}")
+    if c.ref_vae_family not in FAMILIES:
+        raise ConfigError(f"ref_vae_family={c.ref_vae_family!r}: choose one of {', '.join(FAMILIES)}")
     frames = valid_frame_counts(c)
     if c.n_frames not in frames:
-        mode = f"the {c.ref_vae_family} reference VAE (needs 4k+1)" if c.use_ref_vae else "autoencoder mode (needs a multiple of 4)"
+        rule = "{}k+{}".format(*FRAME_RULES[c.ref_vae_family])
+        mode = f"the {c.ref_vae_family} reference VAE (needs {rule})" if c.use_ref_vae else "autoencoder mode (needs a multiple of 4)"
         raise ConfigError(f"n_frames={c.n_frames} gives no whole latent frame count for {mode}: use {_nearest(c.n_frames, frames)}")
+    decoded_frames = c.n_frames if c.use_ref_vae else c.n_frames - 3
+    if c.seraena_weight > 0 and decoded_frames < 3:
+        raise ConfigError(f"seraena_weight={c.seraena_weight} needs at least 3 decoded frames (one group), "
+                          f"n_frames={c.n_frames} gives {decoded_frames}: raise n_frames or set seraena_weight=0")
     multiple = 8 * VARIANTS[c.model_variant].patch_size
     for key in ("height", "width"):
         value = getattr(c, key)

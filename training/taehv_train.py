@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 import time
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -25,7 +26,9 @@ if __package__ in (None, ""):  # run as a file by accelerate launch: make the re
 import torch  # noqa: E402
 
 from training.config import ConfigError, TrainConfig, load_config, write_resolved_config  # noqa: E402
+from models.taehv import TAEHV  # noqa: E402
 from training.dataset import DataFailureError, FailureTracker, IndexFormatError  # noqa: E402
+from training.distill import SeraenaState, Student, WeightEMA, aligned, compute_losses, psnr  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -128,14 +131,30 @@ def model_dtype(model):
     return next(model.parameters()).dtype
 
 
-def build_model(config: TrainConfig):
-    from models.taehv import TAEHV
-
+def build_model(config: TrainConfig) -> Student:
     if config.pretrained_model_path:
-        model = TAEHV.from_pretrained(config.pretrained_model_path, variant=config.model_variant)
+        taehv = TAEHV.from_pretrained(config.pretrained_model_path, variant=config.model_variant)
     else:
-        model = TAEHV(config.model_variant)
-    return model.set_gradient_checkpointing(config.gradient_checkpointing).train()
+        taehv = TAEHV(config.model_variant)  # decoder output bias starts at 0.5
+    return Student(taehv.set_gradient_checkpointing(config.gradient_checkpointing).train())
+
+
+def build_reference_vae(config: TrainConfig, device):
+    """None in autoencoder mode; otherwise the frozen reference VAE (errors name the path)."""
+    if not config.use_ref_vae:
+        return None
+    from models.reference_vae import load_reference_vae
+
+    return load_reference_vae(config.ref_vae_family, config.ref_vae_path, device,
+                              sample_latents=config.ref_vae_sample_latents, tiling=config.ref_vae_tiling)
+
+
+def build_seraena(config: TrainConfig, accelerator, latent_channels: int):
+    if config.seraena_weight <= 0:
+        return None
+    amp = torch.bfloat16 if accelerator.device.type == "cuda" and config.mixed_precision == "bf16" else None
+    return SeraenaState(latent_channels, config.seraena_learning_rate, config.seraena_buffer_size, config.seed,
+                        accelerator.process_index, accelerator.device, amp)
 
 
 def build_datasets(config: TrainConfig):
@@ -246,21 +265,22 @@ def save_checkpoint(accelerator, config: TrainConfig, run_dir: Path, step: int) 
     return final
 
 
-def export_model(accelerator, model, config: TrainConfig, folder: Path, step: int) -> None:
-    """Public-format weights (.pth and .safetensors) plus model_info.json, written atomically."""
+def export_model(accelerator, weights: dict, taehv: TAEHV, folder: Path, step: int, metrics: dict) -> None:
+    """Public-format weights (.pth and .safetensors) plus model_info.json, written atomically
+    by rank 0 (the weights are identical on every rank)."""
     from safetensors.torch import save_file
 
     from models.taehv import write_model_info
 
-    state_dict = full_state_dict(accelerator, model)
     if not accelerator.is_main_process:
         return
+    weights = {k: v.detach().float().cpu().contiguous() for k, v in weights.items()}
     temporary = folder.with_name(f".tmp-{folder.name}")
     shutil.rmtree(temporary, ignore_errors=True)
     temporary.mkdir(parents=True)
-    torch.save(state_dict, temporary / "taehv.pth")
-    save_file(state_dict, str(temporary / "taehv.safetensors"))
-    write_model_info(accelerator.unwrap_model(model), temporary, step=step)
+    torch.save(weights, temporary / "taehv.pth")
+    save_file(weights, str(temporary / "taehv.safetensors"))
+    write_model_info(taehv, temporary, step=step, metrics=metrics)
     if folder.exists():
         shutil.rmtree(folder)
     temporary.rename(folder)
@@ -269,14 +289,14 @@ def export_model(accelerator, model, config: TrainConfig, folder: Path, step: in
 def full_state_dict(accelerator, model) -> dict:
     """The whole model as fp32 CPU tensors on every rank; ZeRO-3 partitions are gathered.
     (With bf16 training these are the bf16 module weights, not DeepSpeed's fp32 master copy.)"""
-    unwrapped = accelerator.unwrap_model(model)
+    taehv = accelerator.unwrap_model(model).taehv
     plugin = accelerator.state.deepspeed_plugin
     if plugin is not None and plugin.zero_stage == 3:
         import deepspeed
 
-        with deepspeed.zero.GatheredParameters(list(unwrapped.parameters()), modifier_rank=None):
-            return {k: v.detach().float().cpu().clone() for k, v in unwrapped.state_dict().items()}
-    return {k: v.detach().float().cpu().clone() for k, v in unwrapped.state_dict().items()}
+        with deepspeed.zero.GatheredParameters(list(taehv.parameters()), modifier_rank=None):
+            return {k: v.detach().float().cpu().clone() for k, v in taehv.state_dict().items()}
+    return {k: v.detach().float().cpu().clone() for k, v in taehv.state_dict().items()}
 
 
 def weights_fingerprint(state_dict: dict) -> str:
@@ -308,31 +328,13 @@ class RunLog:
             self.file.flush()
 
 
-def aligned_frames(video, decoded):
-    """Decoded frame j shows input frame j (the decoder's leading warm-up frames are trimmed)."""
-    return video[:, : decoded.shape[1]]
-
-
-def pixel_loss(config: TrainConfig, prediction, target):
-    import torch.nn.functional as F
-
-    return F.l1_loss(prediction, target) if config.pixel_loss == "l1" else F.mse_loss(prediction, target)
-
-
-def psnr(prediction, target):
-    mse = (prediction.float() - target.float()).pow(2).flatten(1).mean(1).clamp_min(1e-10)
-    return -10 * torch.log10(mse)
-
-
-def train_step(accelerator, model, optimizer, scheduler, batch, config: TrainConfig) -> dict:
-    """One micro-step of autoencoder reconstruction: decode(encode(video)) against the aligned
-    input frames. Returns detached tensors; nothing here syncs with the device."""
+def train_step(accelerator, model, optimizer, scheduler, batch, config: TrainConfig, reference_vae, seraena) -> dict:
+    """One micro-step. Returns detached tensors; nothing here syncs with the device."""
     video = batch.to(accelerator.device, non_blocking=True).float() / 255  # N,T,3,H,W in [0, 1]
+    reference_latents = reference_vae.encode(video) if reference_vae is not None else None
     with accelerator.accumulate(model):
-        decoded = model(video.to(model_dtype(model))).float()
-        target = aligned_frames(video, decoded)
-        reconstruction = pixel_loss(config, decoded, target)
-        loss = config.reconstruction_weight * reconstruction
+        loss, logged = compute_losses(config, model, video.to(model_dtype(model)),
+                                      None if reference_latents is None else reference_latents, seraena)
         accelerator.backward(loss)
         if accelerator.sync_gradients and accelerator.state.deepspeed_plugin is None:
             accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
@@ -340,25 +342,31 @@ def train_step(accelerator, model, optimizer, scheduler, batch, config: TrainCon
         if accelerator.sync_gradients:
             scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-    return {"loss": loss.detach(), "reconstruction": reconstruction.detach(), "psnr": psnr(decoded.detach(), target).mean()}
+    return logged
 
 
-def validate(accelerator, model, dataset, config: TrainConfig) -> dict:
-    """Mean PSNR over the held-out clips. Every rank runs the same number of forwards (ZeRO-3
-    gathers parameters collectively); wrapped-around duplicates are not counted."""
+def evaluation_model(accelerator, model, ema) -> TAEHV:
+    """A plain TAEHV holding the weights that are validated and exported: the EMA when enabled."""
+    weights = ema.shadow if ema is not None else full_state_dict(accelerator, model)
+    evaluated = TAEHV.from_args(accelerator.unwrap_model(model).taehv.args)
+    evaluated.load_state_dict({k: v.cpu() for k, v in weights.items()})
+    return evaluated.to(accelerator.device).eval()
+
+
+def validate(accelerator, evaluated: TAEHV, dataset, config: TrainConfig) -> dict:
+    """Mean PSNR of the round trip over the held-out clips, split across ranks and summed."""
     count = min(config.validation_samples, len(dataset))
     per_rank = -(-count // accelerator.num_processes)
     totals = torch.zeros(2, device=accelerator.device)  # sum of PSNR, number of clips
-    model.eval()
     with torch.no_grad():
         for position in range(per_rank):
             index = position * accelerator.num_processes + accelerator.process_index
-            video = dataset[index % count]["video"][None].to(accelerator.device).float() / 255
-            decoded = model(video.to(model_dtype(model))).float()
-            if index < count:
-                totals += torch.stack([psnr(decoded, aligned_frames(video, decoded)).sum(), torch.tensor(1.0, device=accelerator.device)])
-    model.train()
-    totals = accelerator.reduce(totals, reduction="sum")
+            if index >= count:
+                continue
+            video = dataset[index]["video"][None].to(accelerator.device).float() / 255
+            decoded = evaluated(video)
+            totals += torch.stack([psnr(decoded, aligned(video, decoded)).sum(), torch.tensor(1.0, device=accelerator.device)])
+    totals = accelerator.reduce(totals, reduction="sum") if accelerator.num_processes > 1 else totals
     return {"psnr": (totals[0] / totals[1]).item()}
 
 
@@ -396,6 +404,29 @@ def start_profiler(run_dir: Path, rank: int):
     return profiler
 
 
+@dataclass
+class TrainingRun:
+    """Everything the loop touches, built once by main()."""
+
+    config: TrainConfig
+    run_dir: Path
+    accelerator: object
+    log: RunLog
+    model: object  # the prepared Student (a DeepSpeed engine under DeepSpeed)
+    optimizer: object
+    scheduler: object
+    loader: object
+    sampler: object
+    validation_dataset: object
+    reference_vae: object
+    seraena: SeraenaState | None
+    ema: WeightEMA | None
+    failures: FailureTracker
+    progress: Progress
+    profiler: object = None
+    last_metrics: dict = field(default_factory=dict)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -404,101 +435,126 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {error}", file=sys.stderr)
         return 2
     run_dir = prepare_run_dir(config)
-    resume_from = None
-    if args.resume:
-        try:
-            resume_from = find_resume_checkpoint(args.resume, run_dir)
-        except ConfigError as error:
-            print(f"resume error: {error}", file=sys.stderr)
-            return 2
+    try:
+        resume_from = find_resume_checkpoint(args.resume, run_dir) if args.resume else None
+    except ConfigError as error:
+        print(f"resume error: {error}", file=sys.stderr)
+        return 2
 
     from accelerate.utils import set_seed
 
     accelerator = build_accelerator(config, run_dir)
-    log = RunLog(run_dir, accelerator.is_main_process)
-    set_seed(config.seed, device_specific=True)
+    set_seed(config.seed)  # the same initial weights on every rank
     model = build_model(config)
+    set_seed(config.seed, device_specific=True)  # per-rank randomness from here on
     try:
         train_dataset, validation_dataset = build_datasets(config)
-        train_loader, sampler = build_train_loader(config, train_dataset, accelerator.process_index, accelerator.num_processes)
+        loader, sampler = build_train_loader(config, train_dataset, accelerator.process_index, accelerator.num_processes)
     except (DataFailureError, IndexFormatError) as error:
         print(f"data error: {error}", file=sys.stderr, flush=True)
         return 3
-    failures = FailureTracker(config.max_failed_fraction)
     optimizer, scheduler = build_optimizer(config, model)
     model, optimizer = accelerator.prepare(model, optimizer)
     check_deepspeed_batch(accelerator, config)
-    progress = Progress()
-    accelerator.register_for_checkpointing(scheduler, progress)
+    ema = WeightEMA(full_state_dict(accelerator, model), config.ema_decay, accelerator.device) if config.ema_decay > 0 else None
+    run = TrainingRun(
+        config, run_dir, accelerator, RunLog(run_dir, accelerator.is_main_process), model, optimizer, scheduler,
+        loader, sampler, validation_dataset, build_reference_vae(config, accelerator.device),
+        build_seraena(config, accelerator, accelerator.unwrap_model(model).taehv.latent_channels), ema,
+        FailureTracker(config.max_failed_fraction), Progress(),
+    )
+    accelerator.register_for_checkpointing(*[x for x in (scheduler, run.progress, ema, run.seraena) if x is not None])
     accelerator.init_trackers("taehv")
-    log.line(f"run folder {run_dir} | {accelerator.num_processes} processes | ZeRO {config.zero_stage} | "
-             f"global batch {config.global_batch_size} | {len(train_dataset)} train / {len(validation_dataset)} validation clips")
+    run.log.line(f"run folder {run_dir} | {accelerator.num_processes} processes | ZeRO {config.zero_stage} | "
+                 f"global batch {config.global_batch_size} | {len(train_dataset)} train / {len(validation_dataset)} "
+                 f"validation clips | {'distilling from ' + config.ref_vae_family if config.use_ref_vae else 'autoencoder mode'}")
     if resume_from is not None:
         accelerator.load_state(str(resume_from))
-        log.line(f"resumed from {resume_from} at step {progress.step}")
-
-    profiler = start_profiler(run_dir, accelerator.process_index) if args.torch_profile else None
+        run.log.line(f"resumed from {resume_from} at step {run.progress.step}")
+    run.profiler = start_profiler(run_dir, accelerator.process_index) if args.torch_profile else None
     try:
-        train(accelerator, config, run_dir, log, model, optimizer, scheduler, train_loader, sampler,
-              validation_dataset, failures, progress, profiler)
+        train(run)
     except DataFailureError as error:
-        log.line(f"data error: {error}")
+        run.log.line(f"data error: {error}")
         print(f"data error on rank {accelerator.process_index}: {error}", file=sys.stderr, flush=True)
         return 3
-    export_model(accelerator, model, config, run_dir / "final", progress.step)
-    print(f"rank {accelerator.process_index} of {accelerator.num_processes}: final weights fingerprint "
-          f"{weights_fingerprint(full_state_dict(accelerator, model))}", flush=True)
-    log.line(f"done at step {progress.step}: exported {run_dir / 'final'}")
-    accelerator.end_training()
+    finish(run)
     return 0
 
 
-def train(accelerator, config, run_dir, log, model, optimizer, scheduler, train_loader, sampler,
-          validation_dataset, failures, progress, profiler) -> None:
+def train(run: TrainingRun) -> None:
     """Optimizer steps until max_steps, with logging, validation and checkpoints at their intervals."""
-    micro_step = progress.step * config.gradient_accumulation_steps
+    config, accelerator = run.config, run.accelerator
+    micro_step = run.progress.step * config.gradient_accumulation_steps
     last_log_time, data_wait, window = time.perf_counter(), 0.0, []
-    while progress.step < config.max_steps:
-        sampler.set_position(*divmod(micro_step, sampler.batches_per_epoch))  # exact resume, no decoding to skip
+    while run.progress.step < config.max_steps:
+        run.sampler.set_position(*divmod(micro_step, run.sampler.batches_per_epoch))  # exact resume, no decoding to skip
         fetch_start = time.perf_counter()
-        for batch in train_loader:
+        for batch in run.loader:
             data_wait += time.perf_counter() - fetch_start
-            failures.update(batch["skipped"], len(batch["video"]))
-            window.append(train_step(accelerator, model, optimizer, scheduler, batch["video"], config))
+            run.failures.update(batch["skipped"], len(batch["video"]))
+            window.append(train_step(accelerator, run.model, run.optimizer, run.scheduler, batch["video"], config,
+                                     run.reference_vae, run.seraena))
             micro_step += 1
-            if accelerator.sync_gradients:
-                progress.step += 1
-                step = progress.step
-                if profiler is not None:
-                    profiler.step()
-                if step % config.log_every == 0 or step == config.max_steps:
-                    elapsed = time.perf_counter() - last_log_time
-                    scalars = {f"train/{k}": torch.stack([w[k] for w in window]).mean().item() for k in window[0]}
-                    scalars.update({
-                        "train/lr": scheduler.get_last_lr()[0],
-                        "train/samples_per_second": len(window) * config.batch_size_per_gpu * accelerator.num_processes / elapsed,
-                        "train/data_wait_fraction": data_wait / elapsed,
-                        "train/gpu_memory_gb": memory_gb(accelerator.device),
-                    })
-                    scalars.update(skip_counts(accelerator, failures))
-                    accelerator.log(scalars, step=step)
-                    log.line(f"Step {step}/{config.max_steps} | Loss: {scalars['train/loss']:.4f} | "
-                             f"PSNR: {scalars['train/psnr']:.2f} dB | GPU: {scalars['train/gpu_memory_gb']:.1f}GB | "
-                             f"{len(window) / config.gradient_accumulation_steps / elapsed:.2f} steps/sec")
-                    last_log_time, data_wait, window = time.perf_counter(), 0.0, []
-                if step % config.validation_steps == 0 or step == config.max_steps:
-                    metrics = validate(accelerator, model, validation_dataset, config)
-                    accelerator.log({f"val/{k}": v for k, v in metrics.items()}, step=step)
-                    log.line(f"Validation at step {step} | PSNR: {metrics['psnr']:.2f} dB")
-                if step % config.checkpointing_steps == 0 or step == config.max_steps:
-                    saved = save_checkpoint(accelerator, config, run_dir, step)
-                    log.line(f"checkpoint {saved}")
-                if step >= config.max_steps:
-                    break
+            if not accelerator.sync_gradients:
+                fetch_start = time.perf_counter()
+                continue
+            run.progress.step += 1
+            step = run.progress.step
+            if run.ema is not None:
+                run.ema.update(accelerator.unwrap_model(run.model).taehv, config.zero_stage)
+            if run.profiler is not None:
+                run.profiler.step()
+            if step % config.log_every == 0 or step == config.max_steps:
+                elapsed = time.perf_counter() - last_log_time
+                log_training(run, window, elapsed, data_wait)
+                last_log_time, data_wait, window = time.perf_counter(), 0.0, []
+            if step % config.validation_steps == 0 or step == config.max_steps:
+                run.last_metrics = validate(accelerator, evaluation_model(accelerator, run.model, run.ema), run.validation_dataset, config)
+                accelerator.log({f"val/{k}": v for k, v in run.last_metrics.items()}, step=step)
+                run.log.line(f"Validation at step {step} | PSNR: {run.last_metrics['psnr']:.2f} dB")
+            if step % config.checkpointing_steps == 0 or step == config.max_steps:
+                run.log.line(f"checkpoint {save_checkpoint(accelerator, config, run.run_dir, step)}")
+            if step >= config.max_steps:
+                break
             fetch_start = time.perf_counter()
+    if run.profiler is not None:
+        run.profiler.stop()
 
-    if profiler is not None:
-        profiler.stop()
+
+def log_training(run: TrainingRun, window: list[dict], elapsed: float, data_wait: float) -> None:
+    """One sync point per log interval: TensorBoard scalars and the plain log line."""
+    config, accelerator, step = run.config, run.accelerator, run.progress.step
+    scalars = {f"train/{k}": torch.stack([w[k] for w in window]).mean().item() for k in window[0]}
+    scalars.update({
+        "train/lr": run.scheduler.get_last_lr()[0],
+        "train/samples_per_second": len(window) * config.batch_size_per_gpu * accelerator.num_processes / elapsed,
+        "train/data_wait_fraction": data_wait / elapsed,
+        "train/gpu_memory_gb": memory_gb(accelerator.device),
+    })
+    scalars.update(skip_counts(accelerator, run.failures))
+    accelerator.log(scalars, step=step)
+    run.log.line(f"Step {step}/{config.max_steps} | Loss: {scalars['train/loss']:.4f} | "
+                 f"PSNR: {scalars.get('train/psnr', float('nan')):.2f} dB | GPU: {scalars['train/gpu_memory_gb']:.1f}GB | "
+                 f"{len(window) / config.gradient_accumulation_steps / elapsed:.2f} steps/sec")
+
+
+def finish(run: TrainingRun) -> None:
+    """Export the validated weights (EMA when enabled) in the public format."""
+    accelerator = run.accelerator
+    weights = run.ema.shadow if run.ema is not None else full_state_dict(accelerator, run.model)
+    weights = {k: v.detach().float().cpu() for k, v in weights.items()}
+    taehv = accelerator.unwrap_model(run.model).taehv
+    export_model(accelerator, weights, taehv, run.run_dir / "final", run.progress.step, run.last_metrics)
+    print(f"rank {accelerator.process_index} of {accelerator.num_processes}: final weights fingerprint "
+          f"{weights_fingerprint(weights)}", flush=True)
+    if run.seraena is not None:
+        discriminator = {k: v.detach().float().cpu() for k, v in run.seraena.seraena.state_dict().items()}
+        print(f"rank {accelerator.process_index} of {accelerator.num_processes}: seraena fingerprint "
+              f"{weights_fingerprint(discriminator)}", flush=True)
+    run.log.line(f"done at step {run.progress.step}: exported {run.run_dir / 'final'} "
+                 f"(validation PSNR {run.last_metrics.get('psnr', float('nan')):.2f} dB)")
+    accelerator.end_training()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """1 x H100 (debugging, small runs). Global batch: 8 per GPU x 1 GPU x 16 accumulation = 128.
-n_frames 17 replaces the old 19, which is not 4k+1 (CogVideoX): the nearest valid count that
-does not need more memory."""
+n_frames 17 replaces the old 19, which CogVideoX cannot align (it needs 8k+1 frames): the
+nearest valid count that does not need more memory."""
 
 overrides = dict(
     supported_num_gpus=(1,),

@@ -1,0 +1,115 @@
+"""Reference VAEs the student is distilled from: diffusers AutoencoderKLCogVideoX (cogvideox),
+AutoencoderKLHunyuanVideo (hunyuan) and AutoencoderKLWan (wan), behind one interface in our
+conventions: videos N,T,3,H,W in [0, 1], latents N,t,C,h,w unscaled (the VAE's own latent space:
+no scaling factor, no mean/std normalisation).
+
+Frame alignment, measured on each class: for the valid input counts below, t latents decode to
+the same T frames that went in, decoded frame j showing input frame j, and the student's
+encode gives the same t. CogVideoX decodes t latents into 4t frames when t is even (13 frames in,
+16 out), so it needs an odd t: 8k+1 frames (9, 17, ..., 49).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+FAMILIES = ("cogvideox", "hunyuan", "wan")
+# valid frame counts: n % modulus == remainder (and n >= remainder + modulus for at least two latents)
+FRAME_RULES = {"cogvideox": (8, 1), "hunyuan": (4, 1), "wan": (4, 1)}
+
+
+def is_valid_frame_count(family: str, n_frames: int) -> bool:
+    modulus, remainder = FRAME_RULES[family]
+    return n_frames > modulus and n_frames % modulus == remainder
+
+
+def valid_frame_counts(family: str, limit: int = 64) -> list[int]:
+    return [n for n in range(1, limit) if is_valid_frame_count(family, n)]
+
+
+def vae_class(family: str):
+    from diffusers import AutoencoderKLCogVideoX, AutoencoderKLHunyuanVideo, AutoencoderKLWan
+
+    return {"cogvideox": AutoencoderKLCogVideoX, "hunyuan": AutoencoderKLHunyuanVideo, "wan": AutoencoderKLWan}[family]
+
+
+class ReferenceVAE(nn.Module):
+    """Frozen diffusers video VAE. encode: N,T,3,H,W [0, 1] -> N,t,C,h,w; decode: the reverse."""
+
+    def __init__(self, vae: nn.Module, family: str, sample_latents: bool = True):
+        super().__init__()
+        if family not in FAMILIES:
+            raise ValueError(f"unknown reference VAE family {family!r}; choose one of {', '.join(FAMILIES)}")
+        self.vae = vae.eval().requires_grad_(False)
+        self.family = family
+        self.sample_latents = sample_latents
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.vae.parameters()).dtype
+
+    @torch.no_grad()
+    def encode(self, video: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        if not is_valid_frame_count(self.family, video.shape[1]):
+            raise ValueError(f"{video.shape[1]} frames do not suit the {self.family} VAE: use one of "
+                             f"{valid_frame_counts(self.family, 50)}")
+        x = (video.permute(0, 2, 1, 3, 4) * 2 - 1).to(self.dtype)  # N,C,T,H,W in [-1, 1]
+        distribution = self.vae.encode(x).latent_dist
+        latents = distribution.sample(generator) if self.sample_latents else distribution.mean
+        latents = latents.float().permute(0, 2, 1, 3, 4).contiguous()
+        if not torch.isfinite(latents).all():
+            raise FloatingPointError(f"the {self.family} reference VAE produced non-finite latents "
+                                     "(check its weights and dtype; bf16 overflow shows up here)")
+        return latents
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        x = latents.permute(0, 2, 1, 3, 4).to(self.dtype)
+        frames = self.vae.decode(x).sample.float()
+        return ((frames + 1) / 2).clamp(0, 1).permute(0, 2, 1, 3, 4).contiguous()
+
+
+def load_reference_vae(family: str, path_or_id: str, device: torch.device, sample_latents: bool = True,
+                       tiling: bool = False, dtype: torch.dtype | None = None) -> ReferenceVAE:
+    """From a local folder (a diffusers pipeline folder with vae/, or a VAE folder itself) or a hub
+    id (subfolder vae). bf16 on GPU, fp32 on CPU unless `dtype` says otherwise. Any failure is an
+    error that names the path: training never switches to another loss on its own."""
+    cls = vae_class(family)
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    local = Path(path_or_id)
+    try:
+        if local.is_dir():
+            folder = local / "vae" if (local / "vae" / "config.json").is_file() else local
+            vae = cls.from_pretrained(str(folder), torch_dtype=dtype)
+        else:
+            vae = cls.from_pretrained(path_or_id, subfolder="vae", torch_dtype=dtype)
+    except Exception as error:
+        raise RuntimeError(f"cannot load the {family} reference VAE from {path_or_id!r}: {error}") from error
+    vae.to(device)
+    if tiling and hasattr(vae, "enable_tiling"):
+        vae.enable_tiling()
+    if device.type == "cuda":
+        try:
+            import xformers  # noqa: F401
+
+            vae.enable_xformers_memory_efficient_attention()
+        except Exception:  # optional speed-up only; the plain attention path is correct
+            pass
+    return ReferenceVAE(vae, family, sample_latents)
+
+
+def tiny_reference_vae_config(family: str) -> dict:
+    """A few-hundred-thousand-parameter configuration of the real class, for tests and the CPU."""
+    if family == "cogvideox":
+        return dict(down_block_types=("CogVideoXDownBlock3D",) * 4, up_block_types=("CogVideoXUpBlock3D",) * 4,
+                    block_out_channels=(8, 8, 16, 16), latent_channels=16, layers_per_block=1, norm_num_groups=4,
+                    temporal_compression_ratio=4)
+    if family == "hunyuan":
+        return dict(down_block_types=("HunyuanVideoDownBlock3D",) * 4, up_block_types=("HunyuanVideoUpBlock3D",) * 4,
+                    block_out_channels=(8, 8, 16, 16), latent_channels=16, layers_per_block=1, norm_num_groups=4,
+                    mid_block_add_attention=False)
+    return dict(base_dim=8, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=1, attn_scales=[],
+                temperal_downsample=[False, True, True])

@@ -1,0 +1,173 @@
+"""The training step's parts with real diffusers VAE classes (tiny random configs), and short real
+runs through the launcher."""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from conftest import REPO_ROOT
+from models.reference_vae import ReferenceVAE, tiny_reference_vae_config, vae_class
+from models.taehv import TAEHV
+from training.distill import SeraenaState, Student, compute_losses
+
+STUDENT_FOR = {"cogvideox": "taecvx", "hunyuan": "taehv", "wan": "taew2_1"}
+FRAMES_FOR = {"cogvideox": 9, "hunyuan": 9, "wan": 5}
+
+
+def tiny_reference(family: str) -> ReferenceVAE:
+    torch.manual_seed(0)
+    return ReferenceVAE(vae_class(family)(**tiny_reference_vae_config(family)), family, sample_latents=False)
+
+
+def loss_config(**weights):
+    base = dict(encoder_weight=0.1, decoder_weight=0.1, reconstruction_weight=10.0, seraena_weight=0.0, pixel_loss="mse")
+    return SimpleNamespace(**{**base, **weights})
+
+
+@pytest.mark.parametrize("family", ["cogvideox", "hunyuan", "wan"])
+def test_frame_alignment_gives_equal_counts(family):
+    reference, student = tiny_reference(family), TAEHV(STUDENT_FOR[family]).eval()
+    video = torch.rand(1, FRAMES_FOR[family], 3, 32, 32)
+    with torch.no_grad():
+        latents = reference.encode(video)
+        assert latents.shape == student.encode_video(video).shape  # N,t,16,h,w on both sides
+        assert reference.decode(latents).shape == video.shape  # the reference gives back T frames
+        assert student.decode_video(latents).shape == video.shape  # and so does the student
+    with pytest.raises(ValueError, match="use one of"):
+        reference.encode(torch.rand(1, 12, 3, 32, 32))
+
+
+def test_encoder_loss_falls_on_a_fixed_batch():
+    reference = tiny_reference("hunyuan")
+    torch.manual_seed(0)
+    student = Student(TAEHV("taehv"))
+    video = torch.rand(2, 9, 3, 32, 32)
+    latents = reference.encode(video)
+    optimizer = torch.optim.AdamW(student.parameters(), lr=1e-3)
+    config = loss_config(decoder_weight=0.0, reconstruction_weight=0.0)
+    history = []
+    for _ in range(30):
+        loss, logged = compute_losses(config, student, video, latents, None)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        history.append(logged["encoder"].item())
+    assert history[-1] < 0.7 * history[0] and sum(history[-5:]) < sum(history[:5])
+
+
+class CallCounter:
+    def __init__(self, monkeypatch):
+        self.calls = {"encode": 0, "decode": 0, "seraena": 0}
+        for name, method in (("encode", "encode_video"), ("decode", "decode_video")):
+            original = getattr(TAEHV, method)
+
+            def counted(self_, *args, _original=original, _name=name, **kwargs):
+                self.calls[_name] += 1
+                return _original(self_, *args, **kwargs)
+
+            monkeypatch.setattr(TAEHV, method, counted)
+        original_loss = SeraenaState.loss
+
+        def counted_loss(self_, *args):
+            self.calls["seraena"] += 1
+            return original_loss(self_, *args)
+
+        monkeypatch.setattr(SeraenaState, "loss", counted_loss)
+
+
+@pytest.mark.parametrize("weights, expected_calls, terms", [
+    (dict(encoder_weight=0.0, decoder_weight=0.0), {"encode": 1, "decode": 1, "seraena": 0}, {"reconstruction"}),
+    (dict(reconstruction_weight=0.0, decoder_weight=0.0), {"encode": 1, "decode": 0, "seraena": 0}, {"encoder"}),
+    (dict(reconstruction_weight=0.0, encoder_weight=0.0), {"encode": 0, "decode": 1, "seraena": 0}, {"decoder"}),
+    (dict(reconstruction_weight=0.0, encoder_weight=0.0, decoder_weight=0.0, seraena_weight=0.1),
+     {"encode": 0, "decode": 1, "seraena": 1}, {"seraena"}),
+    (dict(seraena_weight=0.1), {"encode": 1, "decode": 2, "seraena": 1}, {"encoder", "decoder", "reconstruction", "seraena"}),
+])
+def test_zero_weights_skip_their_computation_and_others_reach_the_student(monkeypatch, weights, expected_calls, terms):
+    reference = tiny_reference("hunyuan")
+    video = torch.rand(1, 9, 3, 32, 32)
+    latents = reference.encode(video)
+    torch.manual_seed(0)
+    student = Student(TAEHV("taehv"))
+    seraena = SeraenaState(16, 3e-4, 8, seed=0, rank=0, device=torch.device("cpu"), amp_dtype=None)
+    counter = CallCounter(monkeypatch)
+    loss, logged = compute_losses(loss_config(**weights), student, video, latents, seraena)
+    assert counter.calls == expected_calls
+    assert set(logged) - {"loss", "psnr"} == terms
+    loss.backward()
+    encoder_grad = student.taehv.encoder[0].weight.grad
+    decoder_grad = student.taehv.decoder[1].weight.grad
+    assert (encoder_grad is not None and encoder_grad.abs().sum() > 0) == bool(terms & {"encoder", "reconstruction"})
+    assert decoder_grad is not None and decoder_grad.abs().sum() > 0 or terms == {"encoder"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_vae_folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reference_vaes")
+    for family in ("cogvideox", "hunyuan", "wan"):
+        torch.manual_seed(0)
+        vae_class(family)(**tiny_reference_vae_config(family)).save_pretrained(str(root / family / "vae"))
+    return root
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    from scripts.make_sample_videos import make_sample_videos
+
+    folder = tmp_path_factory.mktemp("clips")
+    make_sample_videos(folder, count=6, n_frames=24)
+    return folder
+
+
+def launch(ngpu, run_dir, sets):
+    env = {**os.environ, "PYTHON": sys.executable, "MASTER_PORT": str(free_port())}
+    args = [str(REPO_ROOT / "train_taehv_h100.sh"), str(ngpu), "test", "--output-dir", str(run_dir)]
+    for item in sets:
+        args += ["--set", item]
+    return subprocess.run(args, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=400)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family, processes", [("cogvideox", 2), ("hunyuan", 1), ("wan", 1)])
+def test_distillation_runs_with_each_reference_family(family, processes, tiny_vae_folders, clips, tmp_path):
+    run_dir = tmp_path / "run"
+    result = launch(processes, run_dir, [
+        f"data_root={clips}", "use_ref_vae=true", f"ref_vae_family={family}", f"ref_vae_path={tiny_vae_folders / family}",
+        f"n_frames={FRAMES_FOR[family]}", "encoder_weight=0.1", "decoder_weight=0.1", "seraena_weight=0.1",
+        f"model_variant={STUDENT_FOR[family]}",
+    ])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"distilling from {family}" in result.stdout
+    output = result.stdout + result.stderr
+    student = dict(re.findall(r"rank (\d+) of \d+: final weights fingerprint (\w+)", output))
+    discriminator = dict(re.findall(r"rank (\d+) of \d+: seraena fingerprint (\w+)", output))
+    assert len(student) == len(discriminator) == processes
+    assert len(set(student.values())) == len(set(discriminator.values())) == 1  # identical on every rank
+    model = TAEHV.from_pretrained(run_dir / "final" / "taehv.pth")  # model_info.json tells the variant
+    assert model.variant == STUDENT_FOR[family]
+    # the export is the EMA saved in the last checkpoint (scheduler, progress, EMA, Seraena registered in that order)
+    ema = torch.load(run_dir / "checkpoints" / "checkpoint-4" / "custom_checkpoint_2.pkl", weights_only=False)
+    exported = torch.load(run_dir / "final" / "taehv.pth", weights_only=True)
+    assert all(torch.equal(ema["shadow"][k].cpu(), v) for k, v in exported.items())
+    info = json.loads((run_dir / "final" / "model_info.json").read_text())
+    assert info["step"] == 4 and info["metrics"]["psnr"] > 0
+
+
+def test_missing_reference_vae_is_an_error_not_a_silent_fallback(clips, tmp_path):
+    result = launch(1, tmp_path / "run", [f"data_root={clips}", "use_ref_vae=true", "ref_vae_path=someone/missing-vae",
+                                         "n_frames=9", "encoder_weight=0.1", "decoder_weight=0.1"])
+    assert result.returncode != 0
+    assert "cannot load the cogvideox reference VAE from 'someone/missing-vae'" in result.stderr
