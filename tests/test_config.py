@@ -56,6 +56,7 @@ def test_production_profiles_have_the_values_users_run():
         (["use_ref_vae=false"], "autoencoder mode"),
         (["model_variant=taehv1_5", "height=472"], "multiple of 16 for taehv1_5"),
         (["zero_stage=3"], "derived key"),
+        (["perceptual_weight=0.1"], "the LPIPS term is not implemented in this version"),
     ],
 )
 def test_bad_values_fail_with_the_key_named(overrides, message):

@@ -90,7 +90,7 @@ class TrainConfig:
     reconstruction_weight: float = option(10.0, "pixel loss of decode(encode(video)); 0 skips it")
     encoder_weight: float = option(0.1, "MSE(student latents, reference latents); 0 skips it")
     decoder_weight: float = option(0.1, "pixel loss of decode(reference latents); 0 skips it")
-    perceptual_weight: float = option(0.1, "LPIPS between decoded and input frames; 0 skips it")
+    perceptual_weight: float = option(0.0, "LPIPS between decoded and input frames; not implemented yet, must be 0")
     seraena_weight: float = option(0.1, "MSE(decoded, Seraena-corrected target); 0 skips it")
     pixel_loss: str = option("mse", "pixel loss: mse or l1")
     lpips_weights_path: str = option("", "local LPIPS backbone weights; empty = torch hub cache")
@@ -290,6 +290,9 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
     for key in ("reconstruction_weight", "encoder_weight", "decoder_weight", "perceptual_weight", "seraena_weight", "learning_rate"):
         if getattr(c, key) < 0:
             raise ConfigError(f"{key}={getattr(c, key)} must not be negative")
+    if c.perceptual_weight > 0:
+        raise ConfigError(f"perceptual_weight={c.perceptual_weight}: the LPIPS term is not implemented in this version "
+                          "(it would be silently skipped): set perceptual_weight=0")
     if not c.use_ref_vae and (c.encoder_weight > 0 or c.decoder_weight > 0):
         raise ConfigError(
             f"use_ref_vae=False (autoencoder mode) has no reference latents: set encoder_weight=0 and decoder_weight=0 "
