@@ -187,4 +187,18 @@ if (( DRY_RUN )); then
   exit 0
 fi
 
-exec "${LAUNCH[@]}"
+# Preemption (SIGTERM/SIGINT): forward it; the trainer finishes the step, writes a checkpoint and
+# leaves <run>/STOPPED_CLEANLY. torch's launcher reports its own SIGTERM as a failure, so the
+# marker decides: a clean stop exits 0.
+rm -f "$OUTPUT_DIR/STOPPED_CLEANLY"
+"${LAUNCH[@]}" &
+CHILD=$!
+trap 'kill -TERM "$CHILD" 2>/dev/null || true' TERM INT
+STATUS=0
+wait "$CHILD" || STATUS=$?
+while kill -0 "$CHILD" 2>/dev/null; do STATUS=0; wait "$CHILD" || STATUS=$?; done
+if [[ -f "$OUTPUT_DIR/STOPPED_CLEANLY" ]]; then
+  echo "stopped cleanly: $(cat "$OUTPUT_DIR/STOPPED_CLEANLY"); continue with --resume latest"
+  exit 0
+fi
+exit "$STATUS"

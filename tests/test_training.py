@@ -4,9 +4,11 @@ runs through the launcher."""
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -132,9 +134,10 @@ def clips(tmp_path_factory):
     return folder
 
 
-def launch(ngpu, run_dir, sets):
+def launch(ngpu, run_dir, sets, resume=None):
     env = {**os.environ, "PYTHON": sys.executable, "MASTER_PORT": str(free_port())}
     args = [str(REPO_ROOT / "train_taehv_h100.sh"), str(ngpu), "test", "--output-dir", str(run_dir)]
+    args += ["--resume", resume] if resume else []
     for item in sets:
         args += ["--set", item]
     return subprocess.run(args, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=400)
@@ -171,3 +174,81 @@ def test_missing_reference_vae_is_an_error_not_a_silent_fallback(clips, tmp_path
                                          "n_frames=9", "encoder_weight=0.1", "decoder_weight=0.1"])
     assert result.returncode != 0
     assert "cannot load the cogvideox reference VAE from 'someone/missing-vae'" in result.stderr
+
+
+def logged_losses(run_dir) -> dict:
+    text = (run_dir / "train.log").read_text()
+    return dict(re.findall(r"Step (\d+)/\d+ \| Loss: ([\d.]+)", text))
+
+
+@pytest.mark.slow
+def test_exact_resume_matches_an_uninterrupted_run(clips, tmp_path, monkeypatch):
+    """4 steps straight vs the same run stopped after step 2 (the SIGTERM path) and resumed."""
+    sets = [f"data_root={clips}", "n_frames=8", "seraena_weight=0.1", "checkpointing_steps=4", "log_every=1"]
+    straight = launch(1, tmp_path / "straight", sets)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    monkeypatch.setenv("TAEHV_FAULT_STOP_AT_STEP", "2")
+    first = launch(1, tmp_path / "resumed", sets)
+    assert first.returncode == 0 and "stopped cleanly: checkpoint-2" in first.stdout, first.stderr[-3000:]
+    monkeypatch.delenv("TAEHV_FAULT_STOP_AT_STEP")
+    second = launch(1, tmp_path / "resumed", [*sets], resume="latest")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "at step 2" in second.stdout
+    assert logged_losses(tmp_path / "straight") == logged_losses(tmp_path / "resumed")
+    a = torch.load(tmp_path / "straight" / "final" / "taehv.pth", weights_only=True)
+    b = torch.load(tmp_path / "resumed" / "final" / "taehv.pth", weights_only=True)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_sigterm_writes_a_checkpoint_exits_0_and_resume_continues(clips, tmp_path):
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PYTHON": sys.executable, "MASTER_PORT": str(free_port())}
+    args = [str(REPO_ROOT / "train_taehv_h100.sh"), "1", "test", "--output-dir", str(run_dir), "--max-steps", "500",
+            "--set", f"data_root={clips}", "--set", "checkpointing_steps=400", "--set", "validation_steps=400"]
+    process = subprocess.Popen(args, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and "Step 3/" not in ((run_dir / "train.log").read_text() if (run_dir / "train.log").exists() else ""):
+        time.sleep(0.5)
+    process.send_signal(signal.SIGTERM)  # what Kubernetes sends to the container's first process
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == 0, output[-3000:]
+    checkpoints = sorted((run_dir / "checkpoints").glob("checkpoint-*"))
+    assert len(checkpoints) == 1
+    stopped_at = int(checkpoints[0].name.split("-")[1])
+    env["MASTER_PORT"] = str(free_port())
+    again = subprocess.run([*args[:6], str(stopped_at + 1), *args[7:], "--resume", "latest", "--set", "checkpointing_steps=1",
+                            "--set", "validation_steps=1"], cwd=REPO_ROOT, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"at step {stopped_at}" in again.stdout and f"Step {stopped_at + 1}/{stopped_at + 1}" in again.stdout
+
+
+@pytest.mark.slow
+def test_nonfinite_steps_are_skipped_then_too_many_stop_the_run(clips, tmp_path, monkeypatch):
+    monkeypatch.setenv("TAEHV_FAULT_NONFINITE_MICRO_STEPS", "2")
+    once = launch(1, tmp_path / "once", [f"data_root={clips}"])
+    assert once.returncode == 0, once.stderr[-3000:]
+    log = (tmp_path / "once" / "train.log").read_text()
+    assert "non-finite loss at micro-step 2 (step 2): skipped on all ranks (1 so far, 1 in a row)" in log
+    assert "Step 4/4" in log
+    monkeypatch.setenv("TAEHV_FAULT_NONFINITE_MICRO_STEPS", "2,3,4")
+    many = launch(1, tmp_path / "many", [f"data_root={clips}", "max_consecutive_bad_steps=2"])
+    assert many.returncode != 0
+    assert "3 non-finite steps in a row (max_consecutive_bad_steps=2)" in many.stderr
+    assert (tmp_path / "many" / "checkpoints" / "checkpoint-1").is_dir()
+
+
+def test_tensorboard_holds_the_training_scalars(clips, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    result = launch(1, tmp_path / "run", [f"data_root={clips}", "n_frames=8", "seraena_weight=0.1"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    events = EventAccumulator(str(tmp_path / "run" / "logs" / "taehv"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    expected = {"train/loss", "train/reconstruction", "train/seraena", "train/psnr", "train/lr",
+                "train/samples_per_second", "train/data_wait_fraction", "train/gpu_memory_gb",
+                "data/skipped_decode_error", "val/psnr"}
+    assert expected <= tags, expected - tags
+    assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3, 4]

@@ -85,6 +85,8 @@ class SeraenaState:
         """Steps the discriminator, then returns MSE(decoded, corrected target) for the student."""
         real_groups = group_frames(aligned(real, decoded))
         fake_groups = group_frames(decoded)
+        if not torch.isfinite(fake_groups).all():  # keep the discriminator clean; the step is skipped anyway
+            return fake_groups.float().mean() * float("nan")
         context = video_context(latents.detach().float(), fake_groups.shape[0] // decoded.shape[0])
         self.seraena.discriminator_step(real_groups, fake_groups.detach().float(), context, reduce_gradients=all_reduce_mean)
         all_reduce_mean(self.seraena.batchnorm_buffers())

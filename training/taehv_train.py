@@ -328,21 +328,68 @@ class RunLog:
             self.file.flush()
 
 
-def train_step(accelerator, model, optimizer, scheduler, batch, config: TrainConfig, reference_vae, seraena) -> dict:
-    """One micro-step. Returns detached tensors; nothing here syncs with the device."""
+def train_step(run: "TrainingRun", batch) -> dict | None:
+    """One micro-step. All ranks agree, in one small all-reduce, whether the loss is finite and
+    whether a stop was requested (SIGTERM); a non-finite step is skipped on every rank together.
+    Returns the detached logged terms, or None for a skipped step."""
+    config, accelerator, model = run.config, run.accelerator, run.model
     video = batch.to(accelerator.device, non_blocking=True).float() / 255  # N,T,3,H,W in [0, 1]
-    reference_latents = reference_vae.encode(video) if reference_vae is not None else None
+    reference_latents = run.reference_vae.encode(video) if run.reference_vae is not None else None
+    # Forward and the decision come before accumulate(): a skipped micro-step must not advance
+    # accelerate's accumulation counter, or it would drift from DeepSpeed's.
+    loss, logged = compute_losses(config, model, video.to(model_dtype(model)), reference_latents, run.seraena)
+    if run.micro_step in injected_nonfinite_micro_steps():
+        loss = loss * float("nan")
+    if run.progress.step + 1 == injected_stop_step():
+        run.stop.requested = True
+    flags = torch.tensor([float(not torch.isfinite(loss)), float(run.stop.requested)], device=accelerator.device)
+    flags = accelerator.reduce(flags, reduction="sum") if accelerator.num_processes > 1 else flags
+    bad, run.stop.agreed = (flags > 0).tolist()
+    if bad:
+        return None
     with accelerator.accumulate(model):
-        loss, logged = compute_losses(config, model, video.to(model_dtype(model)),
-                                      None if reference_latents is None else reference_latents, seraena)
         accelerator.backward(loss)
         if accelerator.sync_gradients and accelerator.state.deepspeed_plugin is None:
             accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-        optimizer.step()
+        run.optimizer.step()
         if accelerator.sync_gradients:
-            scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+            run.scheduler.step()
+        run.optimizer.zero_grad(set_to_none=True)
     return logged
+
+
+def injected_nonfinite_micro_steps() -> set[int]:
+    """Fault injection for tests and soak runs: TAEHV_FAULT_NONFINITE_MICRO_STEPS=3,4 makes the loss
+    of those micro-steps (batches, counted from 1 over the whole run) NaN."""
+    text = os.environ.get("TAEHV_FAULT_NONFINITE_MICRO_STEPS", "")
+    return {int(x) for x in text.split(",") if x.strip()}
+
+
+def injected_stop_step() -> int:
+    """Fault injection: TAEHV_FAULT_STOP_AT_STEP=N behaves as if SIGTERM arrived during step N."""
+    return int(os.environ.get("TAEHV_FAULT_STOP_AT_STEP", "0") or 0)
+
+
+class StopRequest:
+    """SIGTERM / SIGINT (preemption): finish the current step, checkpoint, exit 0."""
+
+    def __init__(self):
+        self.requested = False
+        self.agreed = False
+
+    def install(self) -> "StopRequest":
+        import signal
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+
+
+class TrainingStopped(RuntimeError):
+    """Too many bad steps in a row: a checkpoint was written and the run stops."""
 
 
 def evaluation_model(accelerator, model, ema) -> TAEHV:
@@ -425,6 +472,10 @@ class TrainingRun:
     progress: Progress
     profiler: object = None
     last_metrics: dict = field(default_factory=dict)
+    stop: StopRequest = field(default_factory=StopRequest)
+    micro_step: int = 0  # batches so far, counted over the whole run (resumes included)
+    bad_steps: int = 0
+    consecutive_bad_steps: int = 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -472,12 +523,18 @@ def main(argv: list[str] | None = None) -> int:
         accelerator.load_state(str(resume_from))
         run.log.line(f"resumed from {resume_from} at step {run.progress.step}")
     run.profiler = start_profiler(run_dir, accelerator.process_index) if args.torch_profile else None
+    run.stop.install()
     try:
         train(run)
-    except DataFailureError as error:
-        run.log.line(f"data error: {error}")
-        print(f"data error on rank {accelerator.process_index}: {error}", file=sys.stderr, flush=True)
+    except (DataFailureError, TrainingStopped) as error:
+        run.log.line(f"stopped: {error}")
+        print(f"stopped on rank {accelerator.process_index}: {error}", file=sys.stderr, flush=True)
         return 3
+    if run.stop.agreed:
+        accelerator.end_training()
+        if accelerator.is_main_process:  # tells the launcher this stop was handled (see train_taehv_h100.sh)
+            (run_dir / "STOPPED_CLEANLY").write_text(f"checkpoint-{run.progress.step}\n")
+        return 0  # preempted: the checkpoint is written; --resume latest continues
     finish(run)
     return 0
 
@@ -493,9 +550,15 @@ def train(run: TrainingRun) -> None:
         for batch in run.loader:
             data_wait += time.perf_counter() - fetch_start
             run.failures.update(batch["skipped"], len(batch["video"]))
-            window.append(train_step(accelerator, run.model, run.optimizer, run.scheduler, batch["video"], config,
-                                     run.reference_vae, run.seraena))
             micro_step += 1
+            run.micro_step = micro_step
+            logged = train_step(run, batch["video"])
+            if logged is None:
+                note_bad_step(run, micro_step)
+                fetch_start = time.perf_counter()
+                continue
+            run.consecutive_bad_steps = 0
+            window.append(logged)
             if not accelerator.sync_gradients:
                 fetch_start = time.perf_counter()
                 continue
@@ -513,13 +576,31 @@ def train(run: TrainingRun) -> None:
                 run.last_metrics = validate(accelerator, evaluation_model(accelerator, run.model, run.ema), run.validation_dataset, config)
                 accelerator.log({f"val/{k}": v for k, v in run.last_metrics.items()}, step=step)
                 run.log.line(f"Validation at step {step} | PSNR: {run.last_metrics['psnr']:.2f} dB")
-            if step % config.checkpointing_steps == 0 or step == config.max_steps:
+            if step % config.checkpointing_steps == 0 or step == config.max_steps or run.stop.agreed:
                 run.log.line(f"checkpoint {save_checkpoint(accelerator, config, run.run_dir, step)}")
+            if run.stop.agreed:
+                run.log.line(f"stop requested (SIGTERM/SIGINT): checkpoint at step {step} written, exiting")
+                return
             if step >= config.max_steps:
                 break
             fetch_start = time.perf_counter()
     if run.profiler is not None:
         run.profiler.stop()
+
+
+def note_bad_step(run: TrainingRun, micro_step: int) -> None:
+    """Count a skipped non-finite step; too many in a row: checkpoint and stop with advice."""
+    run.bad_steps += 1
+    run.consecutive_bad_steps += 1
+    run.accelerator.log({"train/bad_steps": run.bad_steps}, step=run.progress.step)
+    run.log.line(f"non-finite loss at micro-step {micro_step} (step {run.progress.step + 1}): skipped on all ranks "
+                 f"({run.bad_steps} so far, {run.consecutive_bad_steps} in a row)")
+    if run.consecutive_bad_steps > run.config.max_consecutive_bad_steps:
+        saved = save_checkpoint(run.accelerator, run.config, run.run_dir, run.progress.step)
+        raise TrainingStopped(
+            f"{run.consecutive_bad_steps} non-finite steps in a row (max_consecutive_bad_steps="
+            f"{run.config.max_consecutive_bad_steps}); checkpoint {saved}. Lower learning_rate, check the data "
+            "(python -m training.dataset ...) or resume from an earlier checkpoint")
 
 
 def log_training(run: TrainingRun, window: list[dict], elapsed: float, data_wait: float) -> None:
