@@ -147,21 +147,21 @@ def _read_python_config(path: Path) -> tuple[dict, str | None]:
 
 
 def profile_overrides(profile_or_path: str) -> tuple[dict, str]:
-    """Deltas of a shipped profile or a custom file (optionally on top of `base_profile`)."""
+    """Deltas of a shipped profile or a custom file, on top of its `base_profile` when it names one."""
     if profile_or_path in available_profiles():
-        overrides, _ = _read_python_config(PROFILE_DIR / f"{profile_or_path}.py")
-        return overrides, str(PROFILE_DIR / f"{profile_or_path}.py")
-    path = Path(profile_or_path)
-    if path.suffix != ".py" or not path.is_file():
-        raise ConfigError(
-            f"unknown profile or missing config file {profile_or_path!r}; "
-            f"profiles: {', '.join(available_profiles())}; or give the path of a .py config file"
-        )
+        path = PROFILE_DIR / f"{profile_or_path}.py"
+    else:
+        path = Path(profile_or_path)
+        if path.suffix != ".py" or not path.is_file():
+            raise ConfigError(
+                f"unknown profile or missing config file {profile_or_path!r}; "
+                f"profiles: {', '.join(available_profiles())}; or give the path of a .py config file"
+            )
     overrides, base = _read_python_config(path)
     if base is not None:
-        if base not in available_profiles():
-            raise ConfigError(f"{path}: base_profile {base!r} is not one of {', '.join(available_profiles())}")
-        base_overrides, _ = _read_python_config(PROFILE_DIR / f"{base}.py")
+        if base not in available_profiles() or base == path.stem and path.parent == PROFILE_DIR:
+            raise ConfigError(f"{path}: base_profile {base!r} is not another of {', '.join(available_profiles())}")
+        base_overrides, _ = profile_overrides(base)
         overrides = {**base_overrides, **overrides}
     return overrides, str(path.resolve())
 

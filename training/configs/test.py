@@ -1,24 +1,13 @@
-"""The fastest real run, for tests: tiny crops, a handful of steps, 1 or 2 CPU processes."""
+"""The fastest real run, for tests: the cpu profile with tiny crops and a handful of steps.
+Global batch: 1 per process x processes x 1 accumulation."""
+
+base_profile = "cpu"
 
 overrides = dict(
-    supported_num_gpus=(1, 2),
-    accelerate_config="deepspeed_cpu.yaml",
-    model_variant="taehv",
-    pretrained_model_path="",
-    use_ref_vae=False,
-    encoder_weight=0.0,
-    decoder_weight=0.0,
-    perceptual_weight=0.0,
-    seraena_weight=0.0,
-    data_root="data/synthetic",
-    synthetic_data=True,
     height=32,
     width=32,
     n_frames=4,
     batch_size_per_gpu=1,
-    gradient_accumulation_steps=1,
-    global_batch_size=0,
-    learning_rate=1e-3,
     max_steps=4,
     warmup_steps=1,
     ema_decay=0.9,
