@@ -247,7 +247,7 @@ def test_tensorboard_holds_the_training_scalars(clips, tmp_path):
     events = EventAccumulator(str(tmp_path / "run" / "logs" / "taehv"))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    expected = {"train/loss", "train/reconstruction", "train/seraena", "train/psnr", "train/lr",
+    expected = {"train/loss", "train/reconstruction", "train/seraena", "train/psnr", "train/lr", "train/grad_norm",
                 "train/samples_per_second", "train/data_wait_fraction", "train/gpu_memory_gb",
                 "data/skipped_decode_error", "val/psnr"}
     assert expected <= tags, expected - tags

@@ -354,6 +354,9 @@ def train_step(run: "TrainingRun", batch) -> dict | None:
         run.optimizer.step()
         if accelerator.sync_gradients:
             run.scheduler.step()
+            norm = model.get_global_grad_norm() if hasattr(model, "get_global_grad_norm") else None
+            if norm is not None:
+                logged["grad_norm"] = torch.as_tensor(float(norm))
         run.optimizer.zero_grad(set_to_none=True)
     return logged
 
@@ -544,6 +547,11 @@ def train(run: TrainingRun) -> None:
     config, accelerator = run.config, run.accelerator
     micro_step = run.progress.step * config.gradient_accumulation_steps
     last_log_time, data_wait, window = time.perf_counter(), 0.0, []
+    bar = None
+    if accelerator.is_main_process and sys.stdout.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(total=config.max_steps, initial=run.progress.step, unit="step", dynamic_ncols=True)
     while run.progress.step < config.max_steps:
         run.sampler.set_position(*divmod(micro_step, run.sampler.batches_per_epoch))  # exact resume, no decoding to skip
         fetch_start = time.perf_counter()
@@ -568,6 +576,8 @@ def train(run: TrainingRun) -> None:
                 run.ema.update(accelerator.unwrap_model(run.model).taehv, config.zero_stage)
             if run.profiler is not None:
                 run.profiler.step()
+            if bar is not None:
+                bar.update(1)
             if step % config.log_every == 0 or step == config.max_steps:
                 elapsed = time.perf_counter() - last_log_time
                 log_training(run, window, elapsed, data_wait)
@@ -586,6 +596,8 @@ def train(run: TrainingRun) -> None:
             fetch_start = time.perf_counter()
     if run.profiler is not None:
         run.profiler.stop()
+    if bar is not None:
+        bar.close()
 
 
 def note_bad_step(run: TrainingRun, micro_step: int) -> None:
@@ -606,7 +618,8 @@ def note_bad_step(run: TrainingRun, micro_step: int) -> None:
 def log_training(run: TrainingRun, window: list[dict], elapsed: float, data_wait: float) -> None:
     """One sync point per log interval: TensorBoard scalars and the plain log line."""
     config, accelerator, step = run.config, run.accelerator, run.progress.step
-    scalars = {f"train/{k}": torch.stack([w[k] for w in window]).mean().item() for k in window[0]}
+    keys = set().union(*window)
+    scalars = {f"train/{k}": torch.stack([w[k].float().cpu() for w in window if k in w]).mean().item() for k in keys}
     scalars.update({
         "train/lr": run.scheduler.get_last_lr()[0],
         "train/samples_per_second": len(window) * config.batch_size_per_gpu * accelerator.num_processes / elapsed,
