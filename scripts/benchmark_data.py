@@ -14,7 +14,6 @@ whose dataset holds a one-million-entry index.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -29,7 +28,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from scripts.make_sample_videos import render_clip, write_clip
-from training.dataset import ClipIndex, ClipSpec, EpochShardSampler, VideoClipDataset, collate_clips, read_index
+from scripts.results import emit_result
+from training.dataset import ClipIndex, ClipSpec, EpochShardSampler, VideoClipDataset, read_index
 
 SHARED_VIDEOS = Path(__file__).resolve().parents[2] / "shared" / "data" / "videos"
 
@@ -145,10 +145,7 @@ def main() -> int:
     first = next(iter(result["sets"].values()))
     result.update(raw_decode_fps=first["raw_decode_fps"], workers=first["workers"], ratio_1worker=first["ratio_1worker"])
     result.update(index_memory())
-    print(json.dumps(result, indent=2))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    emit_result(result, args.json)
     return 0
 
 

@@ -10,7 +10,6 @@ on GPU and the process's peak RSS growth on CPU (an upper bound that includes al
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import resource
 import statistics
@@ -21,6 +20,7 @@ from pathlib import Path
 import torch
 
 from models.taehv import VARIANTS, TAEHV
+from scripts.results import emit_result
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -106,10 +106,7 @@ def main() -> int:
         "peak_memory_kind": memory_kind,
         "command": " ".join(["python -m scripts.benchmark_model", *sys.argv[1:]]),
     }
-    print(json.dumps(result, indent=2))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    emit_result(result, args.json)
     return 0
 
 

@@ -256,11 +256,11 @@ def decode_frames(path: Path, wanted: list[int], cover: tuple[int, int] | None =
                 index = round((frame.pts - start_pts) * time_base * fps) if frame.pts is not None else seen
                 seen = max(seen, index + 1)
                 while target is not None and index >= target:  # a gap takes the next frame
-                    if cover and not frames:
+                    if not frames:  # the first kept frame fixes rotation and scaling for the clip
                         rotation = int(getattr(frame, "rotation", 0) or 0)
-                        scaling.update(_scaling(frame.height, frame.width, rotation, cover))
+                        if cover:
+                            scaling.update(_scaling(frame.height, frame.width, rotation, cover))
                     frames.append(frame.to_ndarray(**scaling))
-                    rotation = int(getattr(frame, "rotation", 0) or 0)
                     target = next(targets, None)
                 if target is None:
                     break

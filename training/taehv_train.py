@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import shutil
 import sys
@@ -231,18 +230,16 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
 
 
 def find_resume_checkpoint(resume: str, run_dir: Path) -> Path | None:
-    if resume == "auto":
-        checkpoints = complete_checkpoints(run_dir)
-        return checkpoints[-1] if checkpoints else None
-    if resume != "latest":
+    """'auto': the newest complete checkpoint or None; 'latest': the same, but none is an error."""
+    if resume not in ("auto", "latest"):
         path = Path(resume)
         if not path.is_dir():
             raise ConfigError(f"--resume {resume}: no such checkpoint folder")
         return path
     checkpoints = complete_checkpoints(run_dir)
-    if not checkpoints:
+    if not checkpoints and resume == "latest":
         raise ConfigError(f"--resume latest: no complete checkpoint in {run_dir / 'checkpoints'}")
-    return checkpoints[-1]
+    return checkpoints[-1] if checkpoints else None
 
 
 def save_checkpoint(accelerator, config: TrainConfig, run_dir: Path, step: int) -> Path:
@@ -338,9 +335,9 @@ def train_step(run: "TrainingRun", batch) -> dict | None:
     # Forward and the decision come before accumulate(): a skipped micro-step must not advance
     # accelerate's accumulation counter, or it would drift from DeepSpeed's.
     loss, logged = compute_losses(config, model, video.to(model_dtype(model)), reference_latents, run.seraena)
-    if run.micro_step in injected_nonfinite_micro_steps():
+    if run.micro_step in run.faults.nonfinite_micro_steps:
         loss = loss * float("nan")
-    if run.progress.step + 1 == injected_stop_step():
+    if run.progress.step + 1 == run.faults.stop_at_step:
         run.stop.requested = True
     flags = torch.tensor([float(not torch.isfinite(loss)), float(run.stop.requested)], device=accelerator.device)
     flags = accelerator.reduce(flags, reduction="sum") if accelerator.num_processes > 1 else flags
@@ -361,16 +358,19 @@ def train_step(run: "TrainingRun", batch) -> dict | None:
     return logged
 
 
-def injected_nonfinite_micro_steps() -> set[int]:
-    """Fault injection for tests and soak runs: TAEHV_FAULT_NONFINITE_MICRO_STEPS=3,4 makes the loss
-    of those micro-steps (batches, counted from 1 over the whole run) NaN."""
-    text = os.environ.get("TAEHV_FAULT_NONFINITE_MICRO_STEPS", "")
-    return {int(x) for x in text.split(",") if x.strip()}
+@dataclass
+class FaultInjection:
+    """For tests and soak runs, read once from the environment:
+    TAEHV_FAULT_NONFINITE_MICRO_STEPS=3,4 makes the loss of those micro-steps (batches, counted
+    from 1 over the whole run) NaN; TAEHV_FAULT_STOP_AT_STEP=N acts as a SIGTERM during step N."""
 
+    nonfinite_micro_steps: set[int] = field(default_factory=set)
+    stop_at_step: int = 0
 
-def injected_stop_step() -> int:
-    """Fault injection: TAEHV_FAULT_STOP_AT_STEP=N behaves as if SIGTERM arrived during step N."""
-    return int(os.environ.get("TAEHV_FAULT_STOP_AT_STEP", "0") or 0)
+    @classmethod
+    def from_environment(cls) -> "FaultInjection":
+        steps = os.environ.get("TAEHV_FAULT_NONFINITE_MICRO_STEPS", "")
+        return cls({int(x) for x in steps.split(",") if x.strip()}, int(os.environ.get("TAEHV_FAULT_STOP_AT_STEP", "0") or 0))
 
 
 class StopRequest:
@@ -406,13 +406,9 @@ def evaluation_model(accelerator, model, ema) -> TAEHV:
 def validate(accelerator, evaluated: TAEHV, dataset, config: TrainConfig) -> dict:
     """Mean PSNR of the round trip over the held-out clips, split across ranks and summed."""
     count = min(config.validation_samples, len(dataset))
-    per_rank = -(-count // accelerator.num_processes)
     totals = torch.zeros(2, device=accelerator.device)  # sum of PSNR, number of clips
-    with torch.no_grad():
-        for position in range(per_rank):
-            index = position * accelerator.num_processes + accelerator.process_index
-            if index >= count:
-                continue
+    with torch.no_grad():  # a plain module: ranks need not run the same number of forwards
+        for index in range(accelerator.process_index, count, accelerator.num_processes):
             video = dataset[index]["video"][None].to(accelerator.device).float() / 255
             decoded = evaluated(video)
             totals += torch.stack([psnr(decoded, aligned(video, decoded)).sum(), torch.tensor(1.0, device=accelerator.device)])
@@ -477,6 +473,7 @@ class TrainingRun:
     last_metrics: dict = field(default_factory=dict)
     stop: StopRequest = field(default_factory=StopRequest)
     micro_step: int = 0  # batches so far, counted over the whole run (resumes included)
+    faults: FaultInjection = field(default_factory=FaultInjection.from_environment)
     bad_steps: int = 0
     consecutive_bad_steps: int = 0
 
