@@ -56,7 +56,7 @@ def test_production_profiles_have_the_values_users_run():
         (["use_ref_vae=false"], "autoencoder mode"),
         (["model_variant=taehv1_5", "height=472"], "multiple of 16 for taehv1_5"),
         (["zero_stage=3"], "derived key"),
-        (["perceptual_weight=0.1"], "the LPIPS term is not implemented in this version"),
+        (["perceptual_weight=-1"], "perceptual_weight=-1.0 must not be negative"),
     ],
 )
 def test_bad_values_fail_with_the_key_named(overrides, message):
@@ -64,6 +64,19 @@ def test_bad_values_fail_with_the_key_named(overrides, message):
         load_config("h100", overrides, check_paths=False)
     assert message in str(error.value)
     assert "\n" not in str(error.value)
+
+
+def test_perceptual_weight_needs_the_lpips_files_up_front(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "empty_hub"))
+    common = ["pretrained_model_path=", "ref_vae_path=THUDM/CogVideoX-2b", f"data_root={tmp_path}"]
+    with pytest.raises(ConfigError, match=r"perceptual_weight=0.1 needs LPIPS weights: LPIPS AlexNet backbone .* not found at .*empty_hub"):
+        load_config("h100", common)
+    assert load_config("h100", common + ["perceptual_weight=0"]).perceptual_weight == 0
+    from models.metrics import save_random_lpips_weights
+
+    backbone, heads = save_random_lpips_weights(tmp_path / "lpips")
+    config = load_config("h100", common + [f"lpips_backbone_path={backbone}", f"lpips_weights_path={heads}"])
+    assert config.perceptual_weight == 0.1
 
 
 def test_wrong_process_count_and_missing_paths_are_named(tmp_path):

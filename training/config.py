@@ -90,10 +90,11 @@ class TrainConfig:
     reconstruction_weight: float = option(10.0, "pixel loss of decode(encode(video)); 0 skips it")
     encoder_weight: float = option(0.1, "MSE(student latents, reference latents); 0 skips it")
     decoder_weight: float = option(0.1, "pixel loss of decode(reference latents); 0 skips it")
-    perceptual_weight: float = option(0.0, "LPIPS between decoded and input frames; not implemented yet, must be 0")
+    perceptual_weight: float = option(0.1, "LPIPS between decoded and input frames; 0 skips it (>0 needs the LPIPS files)")
     seraena_weight: float = option(0.1, "MSE(decoded, Seraena-corrected target); 0 skips it")
     pixel_loss: str = option("mse", "pixel loss: mse or l1")
-    lpips_weights_path: str = option("", "local LPIPS backbone weights; empty = torch hub cache")
+    lpips_weights_path: str = option("", "LPIPS v0.1 heads file (alex.pth); empty = torch hub cache")
+    lpips_backbone_path: str = option("", "AlexNet backbone file for LPIPS; empty = torch hub cache")
     seraena_learning_rate: float = option(3e-4, "discriminator AdamW learning rate")
     seraena_buffer_size: int = option(1024, "replay buffer capacity in frame groups (CPU memory)")
     # --- logging, validation, checkpoints ------------------------------------------------------
@@ -101,7 +102,8 @@ class TrainConfig:
     validation_steps: int = option(1000, "steps between validations")
     validation_samples: int = option(20, "held-out clips per validation")
     validation_batch_size: int = option(2, "clips per validation batch")
-    best_metric: str = option("psnr", "validation metric that selects best_model/ (higher is better)")
+    best_metric: str = option("psnr", "validation metric that selects best_model/: psnr, ssim, lpips (lower is better), "
+                              "or decode_psnr/ssim/lpips (decode of reference latents)")
     early_stopping_patience: int = option(5, "validations without improvement before stopping; 0 = never")
     checkpointing_steps: int = option(2000, "steps between resumable checkpoints")
     checkpoints_total_limit: int = option(3, "complete checkpoints kept (older ones removed after a new one is complete)")
@@ -279,8 +281,9 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
             raise ConfigError(f"{key}={value} must be a positive multiple of {multiple} for {c.model_variant}: use {max(multiple, value // multiple * multiple)}")
     if not 1 <= c.min_frame_delta <= c.max_frame_delta:
         raise ConfigError(f"min_frame_delta={c.min_frame_delta}, max_frame_delta={c.max_frame_delta}: need 1 <= min <= max")
-    for key in ("short_clip_policy", "pixel_loss"):
-        allowed = {"short_clip_policy": ("skip", "loop"), "pixel_loss": ("mse", "l1")}[key]
+    metrics = ("psnr", "ssim", "lpips") + (("decode_psnr", "decode_ssim", "decode_lpips") if c.use_ref_vae else ())
+    for key in ("short_clip_policy", "pixel_loss", "best_metric"):
+        allowed = {"short_clip_policy": ("skip", "loop"), "pixel_loss": ("mse", "l1"), "best_metric": metrics}[key]
         if getattr(c, key) not in allowed:
             raise ConfigError(f"{key}={getattr(c, key)!r}: choose one of {', '.join(allowed)}")
     for key in ("max_steps", "batch_size_per_gpu", "gradient_accumulation_steps", "log_every", "validation_steps",
@@ -290,9 +293,6 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
     for key in ("reconstruction_weight", "encoder_weight", "decoder_weight", "perceptual_weight", "seraena_weight", "learning_rate"):
         if getattr(c, key) < 0:
             raise ConfigError(f"{key}={getattr(c, key)} must not be negative")
-    if c.perceptual_weight > 0:
-        raise ConfigError(f"perceptual_weight={c.perceptual_weight}: the LPIPS term is not implemented in this version "
-                          "(it would be silently skipped): set perceptual_weight=0")
     if not c.use_ref_vae and (c.encoder_weight > 0 or c.decoder_weight > 0):
         raise ConfigError(
             f"use_ref_vae=False (autoencoder mode) has no reference latents: set encoder_weight=0 and decoder_weight=0 "
@@ -328,8 +328,18 @@ def check_required_paths(c: TrainConfig) -> None:
         raise ConfigError(f"data_root={c.data_root!r} is not a folder: fix the path (or set synthetic_data=true)")
     if c.index_path and not Path(c.index_path).is_file():
         raise ConfigError(f"index_path={c.index_path!r} does not exist: fix the path or set it to '' to scan data_root")
-    if c.lpips_weights_path and not Path(c.lpips_weights_path).is_file():
-        raise ConfigError(f"lpips_weights_path={c.lpips_weights_path!r} does not exist: fix the path")
+    for key in ("lpips_weights_path", "lpips_backbone_path"):
+        if getattr(c, key) and not Path(getattr(c, key)).is_file():
+            raise ConfigError(f"{key}={getattr(c, key)!r} does not exist: fix the path")
+    needs_lpips = [f"{k}={getattr(c, k)}" for k in ("perceptual_weight", "best_metric")
+                   if (k == "perceptual_weight" and c.perceptual_weight > 0) or (k == "best_metric" and "lpips" in c.best_metric)]
+    if needs_lpips:
+        from models.metrics import LPIPSUnavailable, find_lpips_weights
+
+        try:
+            find_lpips_weights(c.lpips_backbone_path, c.lpips_weights_path)
+        except LPIPSUnavailable as error:
+            raise ConfigError(f"{' and '.join(needs_lpips)} needs LPIPS weights: {error}") from None
 
 
 def read_accelerate_file(accelerate_config: str) -> dict:
@@ -357,6 +367,13 @@ def write_resolved_config(config: TrainConfig, run_dir: Path) -> Path:
     temporary.write_text(json.dumps(config.to_dict(), indent=2) + "\n")
     temporary.replace(path)
     return path
+
+
+def config_hash(config: TrainConfig) -> str:
+    """Short sha256 of the resolved config, recorded with exported models."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(config.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
 
 
 def config_summary(config: TrainConfig) -> str:

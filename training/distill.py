@@ -5,7 +5,10 @@ Loss terms (a weight of 0 skips the computation, not only the sum):
 - encoder:        MSE(student encode(video), reference latents)
 - decoder:        pixel loss(student decode(reference latents), aligned input frames)
 - reconstruction: pixel loss(student decode(student encode(video)), aligned input frames)
+- perceptual:     LPIPS(decoded frames, aligned input frames) (models/metrics.py)
 - seraena:        MSE(decoded frames, Seraena-corrected targets), frames grouped in threes
+The perceptual and Seraena terms look at the decode of reference latents when distilling (what a
+diffusion model hands the decoder), else at the round trip.
 Decoded frame j shows input frame j (models/reference_vae.py), so "aligned" is the first frames.
 """
 
@@ -16,6 +19,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from models.metrics import psnr
 from models.seraena import Seraena, group_frames, video_context
 from models.taehv import TAEHV
 
@@ -42,12 +46,6 @@ class Student(nn.Module):
 
 def pixel_loss(kind: str, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return F.l1_loss(prediction, target) if kind == "l1" else F.mse_loss(prediction, target)
-
-
-def psnr(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Per clip, for values in [0, 1]."""
-    mse = (prediction.float() - target.float()).pow(2).flatten(1).mean(1).clamp_min(1e-10)
-    return -10 * torch.log10(mse)
 
 
 def aligned(video: torch.Tensor, decoded: torch.Tensor) -> torch.Tensor:
@@ -102,14 +100,15 @@ class SeraenaState:
 
 
 def compute_losses(config, student, video: torch.Tensor, reference_latents: torch.Tensor | None,
-                   seraena: SeraenaState | None) -> tuple[torch.Tensor, dict]:
+                   seraena: SeraenaState | None, lpips: nn.Module | None = None) -> tuple[torch.Tensor, dict]:
     """Total weighted loss and the detached terms for logging."""
     distill = reference_latents is not None
+    judged = config.seraena_weight > 0 or config.perceptual_weight > 0  # terms that look at "the" decode
     outputs = student(
         video, reference_latents,
         want_latents=distill and config.encoder_weight > 0,
-        want_roundtrip=config.reconstruction_weight > 0 or (not distill and config.seraena_weight > 0),
-        want_reference_decode=distill and (config.decoder_weight > 0 or config.seraena_weight > 0),
+        want_roundtrip=config.reconstruction_weight > 0 or (not distill and judged),
+        want_reference_decode=distill and (config.decoder_weight > 0 or judged),
     )
     terms = {}
     if distill and config.encoder_weight > 0:
@@ -120,10 +119,15 @@ def compute_losses(config, student, video: torch.Tensor, reference_latents: torc
     if config.reconstruction_weight > 0:
         decoded = outputs["roundtrip"].float()
         terms["reconstruction"] = (config.reconstruction_weight, pixel_loss(config.pixel_loss, decoded, aligned(video, decoded)))
+    judged_decode = outputs["reference_decode"] if distill and judged else outputs.get("roundtrip")
+    if config.perceptual_weight > 0:
+        if lpips is None:
+            raise ValueError("perceptual_weight > 0 but no LPIPS model was given (models.metrics.load_lpips)")
+        decoded = judged_decode.float()
+        terms["perceptual"] = (config.perceptual_weight, lpips(decoded, aligned(video, decoded)).mean())
     if seraena is not None and config.seraena_weight > 0:
-        fakes = outputs["reference_decode"] if distill else outputs["roundtrip"]
         context = reference_latents if distill else outputs["latents"]
-        terms["seraena"] = (config.seraena_weight, seraena.loss(video, fakes.float(), context))
+        terms["seraena"] = (config.seraena_weight, seraena.loss(video, judged_decode.float(), context))
     total = sum(weight * value for weight, value in terms.values())
     shown = outputs.get("reference_decode", outputs.get("roundtrip"))
     logged = {name: value.detach() for name, (_, value) in terms.items()}
