@@ -310,7 +310,22 @@ class TAEHV(nn.Module):
         build_decoder = build_super_decoder if self.args.decoder_kind == "super" else build_base_decoder
         self.decoder = build_decoder(self.args)
         self.gradient_checkpointing = False
-        # Training from scratch starts from mid-grey output; loading weights overwrites this.
+        self._init_for_training_from_scratch()
+
+    def _init_for_training_from_scratch(self) -> None:
+        """PyTorch's default conv init shrinks the signal ~6x per layer, so through ~40 layers the
+        encoder's gradients fall to ~1e-7 (Adam's eps) and training from scratch stalls at a grey
+        output. He init keeps the signal level; residual branches and the output layer start small
+        so the sum stays stable, and the output starts at mid-grey. Loading weights overwrites all."""
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        for module in self.modules():
+            if isinstance(module, (MemBlock, SuperMemBlock)):
+                module.conv[-1].weight.data.mul_(0.2)
+        self.decoder[-1].weight.data.mul_(0.05)
         nn.init.constant_(self.decoder[-1].bias, 0.5)
 
     # public attributes used by scripts and users

@@ -1,6 +1,6 @@
 """Synthetic sample clips: the dataset of the `cpu` profile and of the tests on a fresh clone.
 
-    python -m scripts.make_sample_videos --out data/synthetic [--count 48] [--seed 0]
+    python -m scripts.make_sample_videos --out data/synthetic [--count 128] [--seed 0]
 
 H.264 clips made with PyAV, with what a video VAE meets in real footage: multi-scale textures,
 gradients, moving and rotating shapes, camera pans and zooms, sensor noise; varied sizes, aspect
@@ -100,7 +100,7 @@ def write_clip(path: Path, frames: np.ndarray, fps: int) -> None:
     temporary.replace(path)
 
 
-def make_sample_videos(out: Path, count: int = 48, seed: int = 0, n_frames: int = 40) -> list[Path]:
+def make_sample_videos(out: Path, count: int = 128, seed: int = 0, n_frames: int = 40) -> list[Path]:
     """Writes the clips that are missing and (re)writes index.jsonl; existing clips are kept."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -125,7 +125,7 @@ def make_sample_videos(out: Path, count: int = 48, seed: int = 0, n_frames: int 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("data/synthetic"))
-    parser.add_argument("--count", type=int, default=48)
+    parser.add_argument("--count", type=int, default=128)
     parser.add_argument("--frames", type=int, default=40, help="shortest clip length (clips vary up to +16)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()

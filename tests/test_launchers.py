@@ -141,17 +141,21 @@ def fingerprints(output: str) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("accelerate_file, zero", [
     ("deepspeed_1gpu.yaml", 2), ("deepspeed_8gpu.yaml", 2), ("deepspeed_16gpu.yaml", 3), ("deepspeed_64gpu.yaml", 3),
+    ("ddp_cpu.yaml", 0),
 ])
-def test_production_deepspeed_files_train_with_two_cpu_processes(accelerate_file, zero, tmp_path, synthetic_clips):
-    """The real ZeRO stage and precision (bf16) of each production file, under accelerate launch."""
+def test_production_and_ddp_files_train_with_two_cpu_processes(accelerate_file, zero, tmp_path, synthetic_clips):
+    """The real ZeRO stage and precision (bf16) of each production file, and plain DDP, under
+    accelerate launch: student and Seraena discriminator identical on both ranks, then resume."""
     run_dir = tmp_path / "run"
     common = [LAUNCHER, "2", "test", "--output-dir", str(run_dir), "--set", f"data_root={synthetic_clips}",
-              "--set", f"accelerate_config={accelerate_file}"]
+              "--set", f"accelerate_config={accelerate_file}", "--set", "seraena_weight=0.1"]
     first = run([*common, "--max-steps", "2"])
     assert first.returncode == 0, first.stderr[-3000:]
     assert f"2 processes | ZeRO {zero}" in first.stdout
     prints = fingerprints(first.stdout + first.stderr)
     assert len(prints) == 2 and prints["0"] == prints["1"], prints  # both ranks hold the same weights
+    discriminator = dict(re.findall(r"rank (\d) of 2: seraena fingerprint (\w+)", first.stdout + first.stderr))
+    assert len(discriminator) == 2 and discriminator["0"] == discriminator["1"], discriminator
     resumed = run([*common, "--max-steps", "4", "--resume", "latest"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "at step 2" in resumed.stdout and "Step 4/4" in resumed.stdout

@@ -15,9 +15,11 @@ import pytest
 import torch
 
 from conftest import REPO_ROOT
+from models.metrics import LPIPS, save_random_lpips_weights
 from models.reference_vae import ReferenceVAE, tiny_reference_vae_config, vae_class
 from models.taehv import TAEHV
 from training.distill import SeraenaState, Student, compute_losses
+from training.taehv_train import find_resume_checkpoint
 
 STUDENT_FOR = {"cogvideox": "taecvx", "hunyuan": "taehv", "wan": "taew2_1"}
 FRAMES_FOR = {"cogvideox": 9, "hunyuan": 9, "wan": 5}
@@ -29,7 +31,8 @@ def tiny_reference(family: str) -> ReferenceVAE:
 
 
 def loss_config(**weights):
-    base = dict(encoder_weight=0.1, decoder_weight=0.1, reconstruction_weight=10.0, seraena_weight=0.0, pixel_loss="mse")
+    base = dict(encoder_weight=0.1, decoder_weight=0.1, reconstruction_weight=10.0, seraena_weight=0.0,
+                perceptual_weight=0.0, pixel_loss="mse")
     return SimpleNamespace(**{**base, **weights})
 
 
@@ -66,7 +69,7 @@ def test_encoder_loss_falls_on_a_fixed_batch():
 
 class CallCounter:
     def __init__(self, monkeypatch):
-        self.calls = {"encode": 0, "decode": 0, "seraena": 0}
+        self.calls = {"encode": 0, "decode": 0, "seraena": 0, "lpips": 0}
         for name, method in (("encode", "encode_video"), ("decode", "decode_video")):
             original = getattr(TAEHV, method)
 
@@ -82,25 +85,37 @@ class CallCounter:
             return original_loss(self_, *args)
 
         monkeypatch.setattr(SeraenaState, "loss", counted_loss)
+        original_lpips = LPIPS.forward
+
+        def counted_lpips(self_, *args):
+            self.calls["lpips"] += 1
+            return original_lpips(self_, *args)
+
+        monkeypatch.setattr(LPIPS, "forward", counted_lpips)
 
 
 @pytest.mark.parametrize("weights, expected_calls, terms", [
-    (dict(encoder_weight=0.0, decoder_weight=0.0), {"encode": 1, "decode": 1, "seraena": 0}, {"reconstruction"}),
-    (dict(reconstruction_weight=0.0, decoder_weight=0.0), {"encode": 1, "decode": 0, "seraena": 0}, {"encoder"}),
-    (dict(reconstruction_weight=0.0, encoder_weight=0.0), {"encode": 0, "decode": 1, "seraena": 0}, {"decoder"}),
+    (dict(encoder_weight=0.0, decoder_weight=0.0), {"encode": 1, "decode": 1, "seraena": 0, "lpips": 0}, {"reconstruction"}),
+    (dict(reconstruction_weight=0.0, decoder_weight=0.0), {"encode": 1, "decode": 0, "seraena": 0, "lpips": 0}, {"encoder"}),
+    (dict(reconstruction_weight=0.0, encoder_weight=0.0), {"encode": 0, "decode": 1, "seraena": 0, "lpips": 0}, {"decoder"}),
     (dict(reconstruction_weight=0.0, encoder_weight=0.0, decoder_weight=0.0, seraena_weight=0.1),
-     {"encode": 0, "decode": 1, "seraena": 1}, {"seraena"}),
-    (dict(seraena_weight=0.1), {"encode": 1, "decode": 2, "seraena": 1}, {"encoder", "decoder", "reconstruction", "seraena"}),
+     {"encode": 0, "decode": 1, "seraena": 1, "lpips": 0}, {"seraena"}),
+    (dict(reconstruction_weight=0.0, encoder_weight=0.0, decoder_weight=0.0, perceptual_weight=0.1),
+     {"encode": 0, "decode": 1, "seraena": 0, "lpips": 1}, {"perceptual"}),
+    (dict(seraena_weight=0.1, perceptual_weight=0.1), {"encode": 1, "decode": 2, "seraena": 1, "lpips": 1},
+     {"encoder", "decoder", "reconstruction", "seraena", "perceptual"}),
 ])
-def test_zero_weights_skip_their_computation_and_others_reach_the_student(monkeypatch, weights, expected_calls, terms):
+def test_zero_weights_skip_their_computation_and_others_reach_the_student(monkeypatch, tmp_path, weights, expected_calls, terms):
     reference = tiny_reference("hunyuan")
     video = torch.rand(1, 9, 3, 32, 32)
     latents = reference.encode(video)
     torch.manual_seed(0)
     student = Student(TAEHV("taehv"))
     seraena = SeraenaState(16, 3e-4, 8, seed=0, rank=0, device=torch.device("cpu"), amp_dtype=None)
+    torch.manual_seed(1)
+    lpips = LPIPS.from_files(*save_random_lpips_weights(tmp_path))  # random backbone: enough to carry gradients
     counter = CallCounter(monkeypatch)
-    loss, logged = compute_losses(loss_config(**weights), student, video, latents, seraena)
+    loss, logged = compute_losses(loss_config(**weights), student, video, latents, seraena, lpips)
     assert counter.calls == expected_calls
     assert set(logged) - {"loss", "psnr"} == terms
     loss.backward()
@@ -183,7 +198,9 @@ def logged_losses(run_dir) -> dict:
 
 @pytest.mark.slow
 def test_exact_resume_matches_an_uninterrupted_run(clips, tmp_path, monkeypatch):
-    """4 steps straight vs the same run stopped after step 2 (the SIGTERM path) and resumed."""
+    """4 steps straight vs the same run stopped after step 2 (the SIGTERM path) and resumed; both
+    skip batch 2 (non-finite), so the data position must follow batches, not steps."""
+    monkeypatch.setenv("TAEHV_FAULT_NONFINITE_MICRO_STEPS", "2")
     sets = [f"data_root={clips}", "n_frames=8", "seraena_weight=0.1", "checkpointing_steps=4", "log_every=1"]
     straight = launch(1, tmp_path / "straight", sets)
     assert straight.returncode == 0, straight.stderr[-3000:]
@@ -225,13 +242,22 @@ def test_sigterm_writes_a_checkpoint_exits_0_and_resume_continues(clips, tmp_pat
 
 
 @pytest.mark.slow
-def test_nonfinite_steps_are_skipped_then_too_many_stop_the_run(clips, tmp_path, monkeypatch):
+def test_nonfinite_and_oom_steps_are_skipped_then_too_many_stop_the_run(clips, tmp_path, monkeypatch):
     monkeypatch.setenv("TAEHV_FAULT_NONFINITE_MICRO_STEPS", "2")
+    monkeypatch.setenv("TAEHV_FAULT_OOM_MICRO_STEPS", "4")
     once = launch(1, tmp_path / "once", [f"data_root={clips}"])
     assert once.returncode == 0, once.stderr[-3000:]
     log = (tmp_path / "once" / "train.log").read_text()
     assert "non-finite loss at micro-step 2 (step 2): skipped on all ranks (1 so far, 1 in a row)" in log
+    assert "out of memory at micro-step 4 (step 3): skipped on all ranks (1 so far, 1 in a row)" in log
     assert "Step 4/4" in log
+    monkeypatch.delenv("TAEHV_FAULT_NONFINITE_MICRO_STEPS")
+    monkeypatch.setenv("TAEHV_FAULT_OOM_MICRO_STEPS", "1,2,3")
+    oom = launch(1, tmp_path / "oom", [f"data_root={clips}", "max_consecutive_bad_steps=2"])
+    assert oom.returncode != 0
+    assert "3 out-of-memory steps in a row (max_consecutive_bad_steps=2)" in oom.stderr
+    assert "Lower batch_size_per_gpu" in oom.stderr
+    monkeypatch.delenv("TAEHV_FAULT_OOM_MICRO_STEPS")
     monkeypatch.setenv("TAEHV_FAULT_NONFINITE_MICRO_STEPS", "2,3,4")
     many = launch(1, tmp_path / "many", [f"data_root={clips}", "max_consecutive_bad_steps=2"])
     assert many.returncode != 0
@@ -252,3 +278,88 @@ def test_tensorboard_holds_the_training_scalars(clips, tmp_path):
                 "data/skipped_decode_error", "val/psnr"}
     assert expected <= tags, expected - tags
     assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3, 4]
+    assert {"val/ssim"} <= tags and "val/sample" in events.Tags()["images"]
+    history = json.loads((tmp_path / "run" / "validation_history.json").read_text())
+    assert [h["step"] for h in history] == [2, 4] and all(h["psnr"] > 0 and 0 < h["ssim"] <= 1 for h in history)
+    best = max(history, key=lambda h: h["psnr"])
+    info = json.loads((tmp_path / "run" / "best_model" / "model_info.json").read_text())
+    assert info["step"] == best["step"] and info["metrics"] == best and info["best_metric"] == "psnr"
+    assert len(info["config_hash"]) == 12
+    assert TAEHV.from_pretrained(tmp_path / "run" / "best_model" / "taehv.safetensors").variant == "taehv"
+
+
+def test_early_stopping_finishes_the_run_with_an_export(clips, tmp_path):
+    """learning_rate=0: the metric cannot improve, so patience 1 stops at the second validation."""
+    result = launch(1, tmp_path / "run", [f"data_root={clips}", "learning_rate=0", "validation_steps=1",
+                                          "early_stopping_patience=1", "max_steps=4", "warmup_steps=0"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "early stopping: psnr has not improved for 1 validations (best" in log and "at step 1)" in log
+    assert "Step 3/4" not in log and json.loads((tmp_path / "run" / "final" / "model_info.json").read_text())["step"] == 2
+    assert (tmp_path / "run" / "checkpoints" / "checkpoint-2").is_dir()
+
+
+@pytest.mark.slow
+def test_failed_checkpoint_write_keeps_the_previous_one_and_training_goes_on(clips, tmp_path, monkeypatch):
+    monkeypatch.setenv("TAEHV_FAULT_CHECKPOINT_FAIL_STEPS", "4")
+    run_dir = tmp_path / "run"
+    result = launch(1, run_dir, [f"data_root={clips}", "max_steps=5", "checkpointing_steps=2"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = (run_dir / "train.log").read_text()
+    assert "checkpoint at step 4 FAILED on 1 rank(s) ([Errno 28] No space left on device (injected at step 4)); " \
+           "kept checkpoint-2; training continues" in log
+    assert "Step 5/5" in log and (run_dir / "final" / "taehv.pth").is_file()
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["checkpoint-2", "checkpoint-5"]
+
+
+def checkpoint_files(folder):
+    """Relative file names; [] when the folder vanishes while being listed (renamed or pruned)."""
+    try:
+        return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+    except FileNotFoundError:
+        return []
+
+
+@pytest.mark.slow
+def test_sigkill_during_checkpoint_writes_never_leaves_a_half_written_latest(clips, tmp_path):
+    """Kill the whole process group (as a lost node does) at three moments of a checkpoint write:
+    the temporary folder just created, its first file present, half its files present. Each time
+    `latest` must be a complete checkpoint, and the last restart resumes from it and finishes."""
+    run_dir = tmp_path / "run"
+    sets = ["--set", f"data_root={clips}", "--set", "checkpointing_steps=1", "--set", "validation_steps=50",
+            "--set", "checkpoints_total_limit=2", "--max-steps", "60"]
+    complete_file_list = None
+
+    def start():
+        env = {**os.environ, "PYTHON": sys.executable, "MASTER_PORT": str(free_port())}
+        return subprocess.Popen([str(REPO_ROOT / "train_taehv_h100.sh"), "1", "test", "--output-dir", str(run_dir),
+                                 "--resume", "auto", *sets], cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+
+    for moment in ("created", "first file", "half"):
+        process = start()
+        deadline = time.monotonic() + 240
+        killed_in = None
+        while time.monotonic() < deadline and killed_in is None:
+            for temporary in (run_dir / "checkpoints").glob(".tmp-checkpoint-*") if (run_dir / "checkpoints").is_dir() else []:
+                files = checkpoint_files(temporary) if temporary.is_dir() else []
+                enough = {"created": 0, "first file": 1, "half": len(complete_file_list or [0, 0]) // 2}[moment]
+                if complete_file_list is not None and len(files) >= enough and len(files) < len(complete_file_list):
+                    os.killpg(process.pid, signal.SIGKILL)
+                    killed_in = (temporary.name, len(files))
+                    break
+            if complete_file_list is None and (run_dir / "checkpoints").is_dir():
+                done = [checkpoint_files(p) for p in (run_dir / "checkpoints").glob("checkpoint-*")]
+                complete_file_list = max(done, key=len) if done and max(map(len, done)) > 0 else None
+            time.sleep(0.005)
+        process.wait(timeout=60)
+        assert killed_in is not None, f"never caught a checkpoint write in progress ({moment})"
+        latest = find_resume_checkpoint("latest", run_dir)
+        assert checkpoint_files(latest) == complete_file_list, (moment, killed_in)
+    env = {**os.environ, "PYTHON": sys.executable, "MASTER_PORT": str(free_port())}
+    step = int(latest.name.split("-")[1])
+    final = subprocess.run([str(REPO_ROOT / "train_taehv_h100.sh"), "1", "test", "--output-dir", str(run_dir),
+                            "--resume", "latest", *sets[:-2], "--max-steps", str(step + 1)], cwd=REPO_ROOT, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert final.returncode == 0, final.stderr[-3000:]
+    assert f"resumed from {latest} at step {step}" in final.stdout

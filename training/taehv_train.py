@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import shutil
 import sys
@@ -24,10 +25,10 @@ if __package__ in (None, ""):  # run as a file by accelerate launch: make the re
 
 import torch  # noqa: E402
 
-from training.config import ConfigError, TrainConfig, load_config, write_resolved_config  # noqa: E402
+from training.config import ConfigError, TrainConfig, config_hash, load_config, write_resolved_config  # noqa: E402
 from models.taehv import TAEHV  # noqa: E402
 from training.dataset import DataFailureError, FailureTracker, IndexFormatError  # noqa: E402
-from training.distill import SeraenaState, Student, WeightEMA, aligned, compute_losses, psnr  # noqa: E402
+from training.distill import SeraenaState, Student, WeightEMA, aligned, compute_losses  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -78,18 +79,22 @@ def prepare_run_dir(config: TrainConfig) -> Path:
 
 def build_accelerator(config: TrainConfig, run_dir: Path):
     from accelerate import Accelerator
-    from accelerate.utils import InitProcessGroupKwargs, ProjectConfiguration
+    from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs, ProjectConfiguration
 
     # accelerate finds no backend under DeepSpeed without a GPU and then reports one process;
     # naming the backend keeps every rank's view of the world correct on CPU as on GPU.
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     process_group = InitProcessGroupKwargs(backend=backend, timeout=timedelta(seconds=config.nccl_timeout_s))
+    # Under plain DDP every parameter must get a gradient each step, unless told otherwise: the
+    # encoder sits idle when distilling with only decoder-side terms.
+    encoder_idle = config.use_ref_vae and config.encoder_weight == 0 and config.reconstruction_weight == 0
+    ddp = DistributedDataParallelKwargs(find_unused_parameters=encoder_idle)
     accelerator = Accelerator(
         gradient_accumulation_steps=config.gradient_accumulation_steps,
         step_scheduler_with_optimizer=False,  # the loop steps the schedule once per optimizer step
         log_with="tensorboard",
         project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "logs")),
-        kwargs_handlers=[process_group],
+        kwargs_handlers=[process_group, ddp],
     )
     if accelerator.num_processes != config.num_processes:
         raise RuntimeError(f"launched {accelerator.num_processes} processes but the config resolved {config.num_processes}")
@@ -156,6 +161,17 @@ def build_seraena(config: TrainConfig, accelerator, latent_channels: int):
                         accelerator.process_index, accelerator.device, amp)
 
 
+def build_lpips(config: TrainConfig, device):
+    """The perceptual model for the loss and the validation metric; None when its files are
+    absent (the config loader already refused perceptual_weight > 0 in that case)."""
+    from models.metrics import LPIPSUnavailable, load_lpips
+
+    try:
+        return load_lpips(config.lpips_backbone_path, config.lpips_weights_path, device)
+    except LPIPSUnavailable:
+        return None
+
+
 def build_datasets(config: TrainConfig):
     from training.dataset import ClipSpec, VideoClipDataset, read_index
 
@@ -198,7 +214,7 @@ def build_optimizer(config: TrainConfig, model):
 
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2),
-        weight_decay=config.weight_decay,
+        weight_decay=config.weight_decay, fused=torch.cuda.is_available(),  # one kernel per step on GPU
     )
     scheduler = get_scheduler(config.lr_scheduler, optimizer, num_warmup_steps=config.warmup_steps,
                               num_training_steps=config.max_steps)
@@ -211,16 +227,26 @@ def build_optimizer(config: TrainConfig, model):
 
 
 class Progress:
-    """Step counter saved with every checkpoint (registered with accelerate)."""
+    """Where the run is, saved with every checkpoint (registered with accelerate): optimizer
+    steps, batches drawn (they differ by accumulation and by skipped batches, and the data
+    position follows the batches), and the early-stopping record."""
 
     def __init__(self):
         self.step = 0
+        self.micro_step = 0
+        self.best_value: float | None = None
+        self.best_step = 0
+        self.validations_without_improvement = 0
 
     def state_dict(self) -> dict:
-        return {"step": self.step}
+        return dict(vars(self))
 
     def load_state_dict(self, state: dict) -> None:
         self.step = int(state["step"])
+        self.micro_step = int(state.get("micro_step", self.step))
+        self.best_value = state.get("best_value")
+        self.best_step = int(state.get("best_step", 0))
+        self.validations_without_improvement = int(state.get("validations_without_improvement", 0))
 
 
 def complete_checkpoints(run_dir: Path) -> list[Path]:
@@ -242,15 +268,37 @@ def find_resume_checkpoint(resume: str, run_dir: Path) -> Path | None:
     return checkpoints[-1] if checkpoints else None
 
 
-def save_checkpoint(accelerator, config: TrainConfig, run_dir: Path, step: int) -> Path:
+def save_checkpoint(run: "TrainingRun", step: int) -> Path | None:
     """Written to a temporary folder, then renamed: a crash mid-save never leaves a folder that
-    resume would pick. Older checkpoints beyond the limit go only after the new one is complete."""
+    resume would pick. Older checkpoints beyond the limit go only after the new one is complete.
+    A failed write (full disk, lost mount) is logged and returns None: the temporary folder is
+    removed, the previous checkpoint stays, and training goes on."""
+    accelerator, config, run_dir = run.accelerator, run.config, run.run_dir
     final = run_dir / "checkpoints" / f"checkpoint-{step}"
     temporary = run_dir / "checkpoints" / f".tmp-checkpoint-{step}"
     if accelerator.is_main_process:
         shutil.rmtree(temporary, ignore_errors=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(temporary))
+    error = ""
+    try:
+        if step in run.faults.checkpoint_fail_steps:
+            temporary.mkdir(parents=True, exist_ok=True)
+            (temporary / "partial.bin").write_bytes(b"\0" * 1024)
+            raise OSError(28, f"No space left on device (injected at step {step})")
+        accelerator.save_state(str(temporary))
+    except OSError as failure:
+        error = str(failure)
+    failed = torch.tensor([float(bool(error))], device=accelerator.device)
+    failed = accelerator.reduce(failed, reduction="sum") if accelerator.num_processes > 1 else failed
+    if failed.item() > 0:
+        if accelerator.is_main_process:
+            shutil.rmtree(temporary, ignore_errors=True)
+        previous = complete_checkpoints(run_dir)
+        run.failed_checkpoints += 1
+        run.log.line(f"checkpoint at step {step} FAILED on {int(failed.item())} rank(s) ({error or 'see that rank'}); "
+                     f"kept {previous[-1].name if previous else 'no earlier checkpoint'}; training continues. "
+                     "Free disk space in the run folder")
+        return None
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         if final.exists():
@@ -262,7 +310,7 @@ def save_checkpoint(accelerator, config: TrainConfig, run_dir: Path, step: int) 
     return final
 
 
-def export_model(accelerator, weights: dict, taehv: TAEHV, folder: Path, step: int, metrics: dict) -> None:
+def export_model(accelerator, weights: dict, taehv: TAEHV, folder: Path, step: int, metrics: dict, **info) -> None:
     """Public-format weights (.pth and .safetensors) plus model_info.json, written atomically
     by rank 0 (the weights are identical on every rank)."""
     from safetensors.torch import save_file
@@ -277,7 +325,7 @@ def export_model(accelerator, weights: dict, taehv: TAEHV, folder: Path, step: i
     temporary.mkdir(parents=True)
     torch.save(weights, temporary / "taehv.pth")
     save_file(weights, str(temporary / "taehv.safetensors"))
-    write_model_info(taehv, temporary, step=step, metrics=metrics)
+    write_model_info(taehv, temporary, step=step, metrics=metrics, **info)
     if folder.exists():
         shutil.rmtree(folder)
     temporary.rename(folder)
@@ -325,52 +373,71 @@ class RunLog:
             self.file.flush()
 
 
-def train_step(run: "TrainingRun", batch) -> dict | None:
-    """One micro-step. All ranks agree, in one small all-reduce, whether the loss is finite and
-    whether a stop was requested (SIGTERM); a non-finite step is skipped on every rank together.
-    Returns the detached logged terms, or None for a skipped step."""
+def train_step(run: "TrainingRun", batch) -> tuple[dict | None, str]:
+    """One micro-step. All ranks agree, in one small all-reduce, whether the loss is finite, whether
+    any rank ran out of memory in the forward, and whether a stop was requested (SIGTERM); a bad
+    step is skipped on every rank together. Returns (detached logged terms, "") or (None, reason)."""
     config, accelerator, model = run.config, run.accelerator, run.model
-    video = batch.to(accelerator.device, non_blocking=True).float() / 255  # N,T,3,H,W in [0, 1]
-    reference_latents = run.reference_vae.encode(video) if run.reference_vae is not None else None
+    micro_step = run.progress.micro_step
+    loss, logged, out_of_memory = None, {}, False
     # Forward and the decision come before accumulate(): a skipped micro-step must not advance
     # accelerate's accumulation counter, or it would drift from DeepSpeed's.
-    loss, logged = compute_losses(config, model, video.to(model_dtype(model)), reference_latents, run.seraena)
-    if run.micro_step in run.faults.nonfinite_micro_steps:
+    try:
+        if micro_step in run.faults.oom_micro_steps:
+            raise torch.OutOfMemoryError(f"CUDA out of memory (injected at micro-step {micro_step})")
+        video = batch.to(accelerator.device, non_blocking=True).float() / 255  # N,T,3,H,W in [0, 1]
+        reference_latents = run.reference_vae.encode(video) if run.reference_vae is not None else None
+        loss, logged = compute_losses(config, model, video.to(model_dtype(model)), reference_latents, run.seraena, run.lpips)
+    except torch.OutOfMemoryError:
+        out_of_memory = True
+    if out_of_memory:  # outside the except block, so the failed graph is already released
+        loss, logged = None, {}
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    elif micro_step in run.faults.nonfinite_micro_steps:
         loss = loss * float("nan")
     if run.progress.step + 1 == run.faults.stop_at_step:
         run.stop.requested = True
-    flags = torch.tensor([float(not torch.isfinite(loss)), float(run.stop.requested)], device=accelerator.device)
+    nonfinite = loss is not None and not bool(torch.isfinite(loss))
+    flags = torch.tensor([float(nonfinite), float(out_of_memory), float(run.stop.requested)], device=accelerator.device)
     flags = accelerator.reduce(flags, reduction="sum") if accelerator.num_processes > 1 else flags
-    bad, run.stop.agreed = (flags > 0).tolist()
-    if bad:
-        return None
+    any_nonfinite, any_oom, run.stop.agreed = (flags > 0).tolist()
+    if any_oom or any_nonfinite:
+        return None, "oom" if any_oom else "nonfinite"
     with accelerator.accumulate(model):
         accelerator.backward(loss)
         if accelerator.sync_gradients and accelerator.state.deepspeed_plugin is None:
-            accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+            logged["grad_norm"] = accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm).detach().float().cpu()
         run.optimizer.step()
         if accelerator.sync_gradients:
             run.scheduler.step()
             norm = model.get_global_grad_norm() if hasattr(model, "get_global_grad_norm") else None
-            if norm is not None:
+            if norm is not None:  # DeepSpeed clips inside its step and reports the norm here
                 logged["grad_norm"] = torch.as_tensor(float(norm))
         run.optimizer.zero_grad(set_to_none=True)
-    return logged
+    return logged, ""
 
 
 @dataclass
 class FaultInjection:
     """For tests and soak runs, read once from the environment:
     TAEHV_FAULT_NONFINITE_MICRO_STEPS=3,4 makes the loss of those micro-steps (batches, counted
-    from 1 over the whole run) NaN; TAEHV_FAULT_STOP_AT_STEP=N acts as a SIGTERM during step N."""
+    from 1 over the whole run) NaN; TAEHV_FAULT_OOM_MICRO_STEPS=3,4 raises an out-of-memory error
+    in their forward; TAEHV_FAULT_CHECKPOINT_FAIL_STEPS=2 makes the checkpoint of step 2 fail to
+    write (after a partial file); TAEHV_FAULT_STOP_AT_STEP=N acts as a SIGTERM during step N."""
 
     nonfinite_micro_steps: set[int] = field(default_factory=set)
+    oom_micro_steps: set[int] = field(default_factory=set)
+    checkpoint_fail_steps: set[int] = field(default_factory=set)
     stop_at_step: int = 0
 
     @classmethod
     def from_environment(cls) -> "FaultInjection":
-        steps = os.environ.get("TAEHV_FAULT_NONFINITE_MICRO_STEPS", "")
-        return cls({int(x) for x in steps.split(",") if x.strip()}, int(os.environ.get("TAEHV_FAULT_STOP_AT_STEP", "0") or 0))
+        def numbers(name: str) -> set[int]:
+            return {int(x) for x in os.environ.get(name, "").split(",") if x.strip()}
+
+        return cls(numbers("TAEHV_FAULT_NONFINITE_MICRO_STEPS"), numbers("TAEHV_FAULT_OOM_MICRO_STEPS"),
+                   numbers("TAEHV_FAULT_CHECKPOINT_FAIL_STEPS"), int(os.environ.get("TAEHV_FAULT_STOP_AT_STEP", "0") or 0))
 
 
 class StopRequest:
@@ -395,25 +462,88 @@ class TrainingStopped(RuntimeError):
     """Too many bad steps in a row: a checkpoint was written and the run stops."""
 
 
-def evaluation_model(accelerator, model, ema) -> TAEHV:
-    """A plain TAEHV holding the weights that are validated and exported: the EMA when enabled."""
-    weights = ema.shadow if ema is not None else full_state_dict(accelerator, model)
-    evaluated = TAEHV.from_args(accelerator.unwrap_model(model).taehv.args)
-    evaluated.load_state_dict({k: v.cpu() for k, v in weights.items()})
-    return evaluated.to(accelerator.device).eval()
+def evaluation_model(run: "TrainingRun") -> TAEHV:
+    """A plain fp32 TAEHV holding the weights that are validated and exported."""
+    evaluated = TAEHV.from_args(run.accelerator.unwrap_model(run.model).taehv.args)
+    evaluated.load_state_dict({k: v.float().cpu() for k, v in current_weights(run).items()})
+    return evaluated.to(run.accelerator.device).eval()
 
 
-def validate(accelerator, evaluated: TAEHV, dataset, config: TrainConfig) -> dict:
-    """Mean PSNR of the round trip over the held-out clips, split across ranks and summed."""
-    count = min(config.validation_samples, len(dataset))
-    totals = torch.zeros(2, device=accelerator.device)  # sum of PSNR, number of clips
+def validate(run: "TrainingRun", evaluated: TAEHV) -> dict:
+    """PSNR, SSIM and LPIPS (when its weights are on this machine) of the round trip over the
+    held-out clips, and of the student's decode of reference latents when distilling; clips are
+    split across ranks and the sums reduced. Rank 0 sends its first clip, side by side, to TensorBoard."""
+    from models.metrics import psnr, ssim
+
+    accelerator, dataset = run.accelerator, run.validation_dataset
+    count = min(run.config.validation_samples, len(dataset))
+    names = [f"{prefix}{metric}" for prefix in ("", "decode_")[: 2 if run.reference_vae is not None else 1]
+             for metric in ("psnr", "ssim") + (("lpips",) if run.lpips is not None else ())]
+    totals = torch.zeros(len(names) + 1, device=accelerator.device)  # metric sums, number of clips
     with torch.no_grad():  # a plain module: ranks need not run the same number of forwards
         for index in range(accelerator.process_index, count, accelerator.num_processes):
             video = dataset[index]["video"][None].to(accelerator.device).float() / 255
-            decoded = evaluated(video)
-            totals += torch.stack([psnr(decoded, aligned(video, decoded)).sum(), torch.tensor(1.0, device=accelerator.device)])
+            decoded = {"": evaluated(video)}
+            if run.reference_vae is not None:
+                decoded["decode_"] = evaluated.decode_video(run.reference_vae.encode(video))
+            values = {}
+            for prefix, frames in decoded.items():
+                target = aligned(video, frames)
+                values[prefix + "psnr"], values[prefix + "ssim"] = psnr(frames, target), ssim(frames, target)
+                if run.lpips is not None:
+                    values[prefix + "lpips"] = run.lpips(frames, target)
+            totals += torch.cat([torch.stack([values[n].sum() for n in names]), totals.new_ones(1)])
+            if index == 0:
+                log_sample_image(run, video, decoded[""])
     totals = accelerator.reduce(totals, reduction="sum") if accelerator.num_processes > 1 else totals
-    return {"psnr": (totals[0] / totals[1]).item()}
+    return {name: (totals[i] / totals[-1]).item() for i, name in enumerate(names)}
+
+
+def log_sample_image(run: "TrainingRun", video: torch.Tensor, decoded: torch.Tensor) -> None:
+    """Middle frame: input | reconstruction, as one image under val/sample."""
+    tracker = run.accelerator.get_tracker("tensorboard", unwrap=True)
+    if not run.accelerator.is_main_process or tracker is None:
+        return
+    t = decoded.shape[1] // 2
+    image = torch.cat([video[0, t], decoded[0, t]], dim=-1).clamp(0, 1).float().cpu()
+    tracker.add_image("val/sample", image, global_step=run.progress.step)
+
+
+def record_validation(run: "TrainingRun", metrics: dict) -> bool:
+    """validation_history.json, best_model/ and early stopping. Returns True when the run should
+    stop early. The record lives in Progress, so it resumes with the checkpoint."""
+    config, progress, step = run.config, run.progress, run.progress.step
+    if run.accelerator.is_main_process:
+        path = run.run_dir / "validation_history.json"
+        history = json.loads(path.read_text()) if path.exists() else []
+        history = [h for h in history if h["step"] < step]  # entries past a resumed checkpoint are replayed
+        history.append({"step": step, **metrics})
+        temporary = path.with_suffix(".json.tmp")
+        temporary.write_text(json.dumps(history, indent=2) + "\n")
+        temporary.replace(path)
+    value = metrics.get(config.best_metric)
+    lower_is_better = "lpips" in config.best_metric
+    improved = value is not None and (progress.best_value is None or
+                                      (value < progress.best_value if lower_is_better else value > progress.best_value))
+    if improved:
+        progress.best_value, progress.best_step, progress.validations_without_improvement = value, step, 0
+        weights = {k: v.detach().float().cpu() for k, v in current_weights(run).items()}
+        export_model(run.accelerator, weights, run.accelerator.unwrap_model(run.model).taehv, run.run_dir / "best_model",
+                     step, metrics, best_metric=config.best_metric, config_hash=config_hash(config))
+        run.log.line(f"best model so far ({config.best_metric} {value:.4f}) saved to {run.run_dir / 'best_model'}")
+        return False
+    progress.validations_without_improvement += 1
+    patience = config.early_stopping_patience
+    if patience and progress.validations_without_improvement >= patience:
+        run.log.line(f"early stopping: {config.best_metric} has not improved for {patience} validations "
+                     f"(best {progress.best_value:.4f} at step {progress.best_step})")
+        return True
+    return False
+
+
+def current_weights(run: "TrainingRun") -> dict:
+    """The weights that are validated and exported: the EMA when enabled."""
+    return run.ema.shadow if run.ema is not None else full_state_dict(run.accelerator, run.model)
 
 
 def skip_counts(accelerator, failures) -> dict:
@@ -467,15 +597,17 @@ class TrainingRun:
     reference_vae: object
     seraena: SeraenaState | None
     ema: WeightEMA | None
+    lpips: object  # models.metrics.LPIPS, or None when its weights are not on this machine
     failures: FailureTracker
     progress: Progress
     profiler: object = None
     last_metrics: dict = field(default_factory=dict)
     stop: StopRequest = field(default_factory=StopRequest)
-    micro_step: int = 0  # batches so far, counted over the whole run (resumes included)
     faults: FaultInjection = field(default_factory=FaultInjection.from_environment)
-    bad_steps: int = 0
+    skipped_steps: dict = field(default_factory=lambda: {"nonfinite": 0, "oom": 0})
     consecutive_bad_steps: int = 0
+    failed_checkpoints: int = 0
+    stopped_early: bool = False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -494,6 +626,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from accelerate.utils import set_seed
 
+    if torch.cuda.is_available():  # TF32 matmuls and convolutions on Ampere and newer (H100, A800)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     accelerator = build_accelerator(config, run_dir)
     set_seed(config.seed)  # the same initial weights on every rank
     model = build_model(config)
@@ -512,10 +647,12 @@ def main(argv: list[str] | None = None) -> int:
         config, run_dir, accelerator, RunLog(run_dir, accelerator.is_main_process), model, optimizer, scheduler,
         loader, sampler, validation_dataset, build_reference_vae(config, accelerator.device),
         build_seraena(config, accelerator, accelerator.unwrap_model(model).taehv.latent_channels), ema,
-        FailureTracker(config.max_failed_fraction), Progress(),
+        build_lpips(config, accelerator.device), FailureTracker(config.max_failed_fraction), Progress(),
     )
     accelerator.register_for_checkpointing(*[x for x in (scheduler, run.progress, ema, run.seraena) if x is not None])
     accelerator.init_trackers("taehv")
+    if run.lpips is None:
+        run.log.line("LPIPS weights not found: validation reports PSNR and SSIM only (see docs/evaluation.md)")
     run.log.line(f"run folder {run_dir} | {accelerator.num_processes} processes | ZeRO {config.zero_stage} | "
                  f"global batch {config.global_batch_size} | {len(train_dataset)} train / {len(validation_dataset)} "
                  f"validation clips | {'distilling from ' + config.ref_vae_family if config.use_ref_vae else 'autoencoder mode'}")
@@ -540,26 +677,26 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def train(run: TrainingRun) -> None:
-    """Optimizer steps until max_steps, with logging, validation and checkpoints at their intervals."""
-    config, accelerator = run.config, run.accelerator
-    micro_step = run.progress.step * config.gradient_accumulation_steps
+    """Optimizer steps until max_steps (or early stopping), with logging, validation and
+    checkpoints at their intervals."""
+    config, accelerator, progress = run.config, run.accelerator, run.progress
     last_log_time, data_wait, window = time.perf_counter(), 0.0, []
     bar = None
     if accelerator.is_main_process and sys.stdout.isatty():
         from tqdm import tqdm
 
-        bar = tqdm(total=config.max_steps, initial=run.progress.step, unit="step", dynamic_ncols=True)
-    while run.progress.step < config.max_steps:
-        run.sampler.set_position(*divmod(micro_step, run.sampler.batches_per_epoch))  # exact resume, no decoding to skip
+        bar = tqdm(total=config.max_steps, initial=progress.step, unit="step", dynamic_ncols=True)
+    while progress.step < config.max_steps:
+        # exact resume: the data position follows the batches drawn, skipped ones included
+        run.sampler.set_position(*divmod(progress.micro_step, run.sampler.batches_per_epoch))
         fetch_start = time.perf_counter()
         for batch in run.loader:
             data_wait += time.perf_counter() - fetch_start
             run.failures.update(batch["skipped"], len(batch["video"]))
-            micro_step += 1
-            run.micro_step = micro_step
-            logged = train_step(run, batch["video"])
+            progress.micro_step += 1
+            logged, skip_reason = train_step(run, batch["video"])
             if logged is None:
-                note_bad_step(run, micro_step)
+                note_bad_step(run, skip_reason)
                 fetch_start = time.perf_counter()
                 continue
             run.consecutive_bad_steps = 0
@@ -567,8 +704,8 @@ def train(run: TrainingRun) -> None:
             if not accelerator.sync_gradients:
                 fetch_start = time.perf_counter()
                 continue
-            run.progress.step += 1
-            step = run.progress.step
+            progress.step += 1
+            step = progress.step
             if run.ema is not None:
                 run.ema.update(accelerator.unwrap_model(run.model).taehv, config.zero_stage)
             if run.profiler is not None:
@@ -580,36 +717,53 @@ def train(run: TrainingRun) -> None:
                 log_training(run, window, elapsed, data_wait)
                 last_log_time, data_wait, window = time.perf_counter(), 0.0, []
             if step % config.validation_steps == 0 or step == config.max_steps:
-                run.last_metrics = validate(accelerator, evaluation_model(accelerator, run.model, run.ema), run.validation_dataset, config)
+                run.last_metrics = validate(run, evaluation_model(run))
                 accelerator.log({f"val/{k}": v for k, v in run.last_metrics.items()}, step=step)
-                run.log.line(f"Validation at step {step} | PSNR: {run.last_metrics['psnr']:.2f} dB")
-            if step % config.checkpointing_steps == 0 or step == config.max_steps or run.stop.agreed:
-                run.log.line(f"checkpoint {save_checkpoint(accelerator, config, run.run_dir, step)}")
+                run.log.line(f"Validation at step {step} | " + " | ".join(
+                    f"{k}: {v:.2f} dB" if k.endswith("psnr") else f"{k}: {v:.4f}" for k, v in run.last_metrics.items()))
+                run.stopped_early = record_validation(run, run.last_metrics)
+            if step % config.checkpointing_steps == 0 or step == config.max_steps or run.stop.agreed or run.stopped_early:
+                saved = save_checkpoint(run, step)
+                if saved is not None:
+                    run.log.line(f"checkpoint {saved}")
             if run.stop.agreed:
+                if saved is None:
+                    raise TrainingStopped(f"stop requested (SIGTERM/SIGINT) but the checkpoint of step {step} could not be "
+                                          "written; --resume latest continues from the previous one")
                 run.log.line(f"stop requested (SIGTERM/SIGINT): checkpoint at step {step} written, exiting")
                 return
-            if step >= config.max_steps:
+            if step >= config.max_steps or run.stopped_early:
                 break
             fetch_start = time.perf_counter()
+        if run.stopped_early:
+            break
     if run.profiler is not None:
         run.profiler.stop()
     if bar is not None:
         bar.close()
 
 
-def note_bad_step(run: TrainingRun, micro_step: int) -> None:
-    """Count a skipped non-finite step; too many in a row: checkpoint and stop with advice."""
-    run.bad_steps += 1
+ADVICE = {
+    "nonfinite": ("non-finite loss", "Lower learning_rate, check the data (python -m training.dataset ...) "
+                  "or resume from an earlier checkpoint"),
+    "oom": ("out of memory", "Lower batch_size_per_gpu (raise gradient_accumulation_steps to keep the global "
+            "batch), n_frames or height/width, or set gradient_checkpointing=true"),
+}
+
+
+def note_bad_step(run: TrainingRun, reason: str) -> None:
+    """Count a skipped step by reason; too many in a row: checkpoint and stop with advice."""
+    run.skipped_steps[reason] += 1
     run.consecutive_bad_steps += 1
-    run.accelerator.log({"train/bad_steps": run.bad_steps}, step=run.progress.step)
-    run.log.line(f"non-finite loss at micro-step {micro_step} (step {run.progress.step + 1}): skipped on all ranks "
-                 f"({run.bad_steps} so far, {run.consecutive_bad_steps} in a row)")
+    what, advice = ADVICE[reason]
+    run.accelerator.log({f"train/skipped_{reason}_steps": run.skipped_steps[reason]}, step=run.progress.step)
+    run.log.line(f"{what} at micro-step {run.progress.micro_step} (step {run.progress.step + 1}): skipped on all ranks "
+                 f"({run.skipped_steps[reason]} so far, {run.consecutive_bad_steps} in a row)")
     if run.consecutive_bad_steps > run.config.max_consecutive_bad_steps:
-        saved = save_checkpoint(run.accelerator, run.config, run.run_dir, run.progress.step)
+        saved = save_checkpoint(run, run.progress.step)
         raise TrainingStopped(
-            f"{run.consecutive_bad_steps} non-finite steps in a row (max_consecutive_bad_steps="
-            f"{run.config.max_consecutive_bad_steps}); checkpoint {saved}. Lower learning_rate, check the data "
-            "(python -m training.dataset ...) or resume from an earlier checkpoint")
+            f"{run.consecutive_bad_steps} {'non-finite' if reason == 'nonfinite' else 'out-of-memory'} steps in a row "
+            f"(max_consecutive_bad_steps={run.config.max_consecutive_bad_steps}); checkpoint {saved}. {advice}")
 
 
 def log_training(run: TrainingRun, window: list[dict], elapsed: float, data_wait: float) -> None:
@@ -633,10 +787,10 @@ def log_training(run: TrainingRun, window: list[dict], elapsed: float, data_wait
 def finish(run: TrainingRun) -> None:
     """Export the validated weights (EMA when enabled) in the public format."""
     accelerator = run.accelerator
-    weights = run.ema.shadow if run.ema is not None else full_state_dict(accelerator, run.model)
-    weights = {k: v.detach().float().cpu() for k, v in weights.items()}
+    weights = {k: v.detach().float().cpu() for k, v in current_weights(run).items()}
     taehv = accelerator.unwrap_model(run.model).taehv
-    export_model(accelerator, weights, taehv, run.run_dir / "final", run.progress.step, run.last_metrics)
+    export_model(accelerator, weights, taehv, run.run_dir / "final", run.progress.step, run.last_metrics,
+                 config_hash=config_hash(run.config))
     print(f"rank {accelerator.process_index} of {accelerator.num_processes}: final weights fingerprint "
           f"{weights_fingerprint(weights)}", flush=True)
     if run.seraena is not None:
@@ -645,6 +799,9 @@ def finish(run: TrainingRun) -> None:
               f"{weights_fingerprint(discriminator)}", flush=True)
     run.log.line(f"done at step {run.progress.step}: exported {run.run_dir / 'final'} "
                  f"(validation PSNR {run.last_metrics.get('psnr', float('nan')):.2f} dB)")
+    run.log.line(f"run folder {run.run_dir}: train.log, logs/ (tensorboard --logdir {run.run_dir / 'logs'}), "
+                 "checkpoints/, validation_history.json, best_model/, final/taehv.pth + taehv.safetensors")
+    run.log.line(f"evaluate: python inference.py --model {run.run_dir} --videos <clips> --out <folder> (docs/evaluation.md)")
     accelerator.end_training()
 
 

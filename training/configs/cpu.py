@@ -1,5 +1,5 @@
 """The embedded default: any laptop or CI machine, 1 or 2 CPU processes, autoencoder mode on
-synthetic clips (nothing to download). Global batch: 4 per process x processes x 1 accumulation."""
+synthetic clips (nothing to download). Global batch: 8 per process x processes x 1 accumulation."""
 
 overrides = dict(
     supported_num_gpus=(1, 2),
@@ -13,20 +13,22 @@ overrides = dict(
     seraena_weight=0.0,
     data_root="data/synthetic",
     synthetic_data=True,
-    height=64,
-    width=64,
-    n_frames=8,
-    batch_size_per_gpu=4,
+    validation_fraction=0.15,
+    height=32,
+    width=32,
+    n_frames=4,
+    batch_size_per_gpu=8,
     gradient_accumulation_steps=1,
     global_batch_size=0,
-    learning_rate=1e-3,
-    max_steps=300,
-    warmup_steps=20,
-    ema_decay=0.99,
+    learning_rate=5e-4,
+    lr_scheduler="constant_with_warmup",
+    max_steps=750,
+    warmup_steps=30,
+    ema_decay=0.95,
     num_workers=1,
-    log_every=10,
-    validation_steps=100,
-    validation_samples=4,
-    checkpointing_steps=100,
+    log_every=20,
+    validation_steps=200,
+    validation_samples=16,
+    checkpointing_steps=400,
     nccl_timeout_s=600,
 )
