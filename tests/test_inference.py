@@ -1,70 +1,183 @@
+"""inference.py end to end: a model trained a few steps and a spec-shaped random public file, real
+clips (synthetic, plus ../shared's odd ones when present), every --model kind, the reference-VAE
+modes, and the report files."""
+
 import json
+import os
 import random
+import socket
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from conftest import REPO_ROOT
-from models.taehv import TAEHV, write_model_info
+from conftest import REPO_ROOT, SAMPLE_VIDEOS
+from models.metrics import psnr, save_random_lpips_weights, ssim
+from models.reference_vae import tiny_reference_vae_config, vae_class
+from models.taehv import TAEHV
 from scripts.make_sample_videos import make_sample_videos
 from training.dataset import read_clip, resize_and_crop
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
+    """Clips (three good, one broken) and a run folder from a real 4-step training run."""
     root = tmp_path_factory.mktemp("inference")
     videos = root / "videos"
     make_sample_videos(videos, count=3, n_frames=24)
     (videos / "broken.mp4").write_bytes(b"not a video")
     run = root / "run"
-    (run / "final").mkdir(parents=True)
-    torch.manual_seed(0)
-    model = TAEHV("taecvx")
-    torch.save(model.state_dict(), run / "final" / "taehv.pth")
-    write_model_info(model, run / "final", step=1)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "PYTHON": sys.executable, "MASTER_PORT": str(port)}
+    trained = subprocess.run([str(REPO_ROOT / "train_taehv_h100.sh"), "1", "test", "--output-dir", str(run),
+                              "--set", f"data_root={videos}"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                             timeout=400)
+    assert trained.returncode == 0, trained.stderr[-3000:]
     return root, videos, run
 
 
-def run_inference(*args):
-    return subprocess.run([sys.executable, "inference.py", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+def run_inference(*args, torch_home=None):
+    env = {**os.environ, "TORCH_HOME": str(torch_home)} if torch_home else None
+    return subprocess.run([sys.executable, "inference.py", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=300, env=env)
 
 
-def test_report_fields_psnr_and_skips(setup, tmp_path):
+def decoded_by_hand(model_file, clip, frames=9, height=32, width=48):
+    model = TAEHV.from_pretrained(model_file).eval()
+    raw, _ = read_clip(clip, -1, frames, 1, 1, random.Random(0), False, cover=(height, width))
+    video = resize_and_crop(torch.from_numpy(raw).permute(0, 3, 1, 2), height, width, None)[None].float() / 255
+    with torch.no_grad():
+        decoded = model.decode_video(model.encode_video(video))
+    return decoded, video[:, : decoded.shape[1]]
+
+
+def test_report_fields_metrics_pictures_and_skips(setup, tmp_path):
     root, videos, run = setup
+    torch_home = tmp_path / "torch_home"
+    save_random_lpips_weights(torch_home / "hub" / "checkpoints")  # stands in for the real files
+    out = tmp_path / "eval"
     result = run_inference("--model", str(run), "--videos", str(videos), "--frames", "9", "--height", "32",
-                           "--width", "48", "--out", str(tmp_path))
+                           "--width", "48", "--out", str(out), torch_home=torch_home)
     assert result.returncode == 0, result.stderr
-    report = json.loads((tmp_path / "report.json").read_text())
-    assert report["model"]["variant"] == "taecvx"  # from model_info.json beside the weights
+    report = json.loads((out / "report.json").read_text())
+    assert report["model"]["variant"] == "taehv" and report["model"]["path"].endswith("final/taehv.safetensors")
+    assert report["model"]["args"]["patch_size"] == 1 and report["model"]["code_version"]
     ok = [c for c in report["clips"] if c["status"] == "ok"]
     skipped = [c for c in report["clips"] if c["status"] == "skipped"]
     assert len(ok) == 3 and skipped == [{"path": str(videos / "broken.mp4"), "status": "skipped", "reason": "open_error"}]
-    # PSNR equals an independent computation on the same decoded tensors
-    model = TAEHV.from_pretrained(run / "final" / "taehv.pth").eval()
-    frames, _ = read_clip(videos / "sample_0000.mp4", -1, 9, 1, 1, random.Random(0), False, cover=(32, 48))
-    video = resize_and_crop(torch.from_numpy(frames).permute(0, 3, 1, 2), 32, 48, None)[None].float() / 255
-    with torch.no_grad():
-        decoded = model.decode_video(model.encode_video(video))
-    expected = (10 * torch.log10(1 / ((decoded - video[:, : decoded.shape[1]]) ** 2).mean())).item()
+    # PSNR and SSIM equal a computation on the same decoded tensors
     first = next(c for c in ok if c["path"].endswith("sample_0000.mp4"))
-    assert first["psnr"] == pytest.approx(expected, abs=1e-3) and first["frames"] == 9 == len(first["per_frame_psnr"])
-    assert report["mean"]["psnr"] == pytest.approx(sum(c["psnr"] for c in ok) / 3)
+    decoded, target = decoded_by_hand(run / "final" / "taehv.pth", videos / "sample_0000.mp4")
+    expected_psnr = (10 * torch.log10(1 / ((decoded - target) ** 2).mean())).item()
+    assert first["psnr"] == pytest.approx(expected_psnr, abs=1e-3)
+    assert first["ssim"] == pytest.approx(ssim(decoded, target).item(), abs=1e-4)
+    assert first["frames"] == 9 == len(first["per_frame_psnr"])
+    assert first["per_frame_psnr"][0] == pytest.approx(psnr(decoded[:, 0], target[:, 0]).item(), abs=1e-3)
+    assert first["lpips"] > 0 and report["lpips_unavailable"] is None
+    for metric in ("psnr", "ssim", "lpips"):
+        assert report["mean"][metric] == pytest.approx(sum(c[metric] for c in ok) / 3)
+    assert report["speed"]["student"]["encode_frames_per_second"] > 0
+    for clip in ok:
+        assert (out / clip["side_by_side"]).stat().st_size > 1000
+    assert (out / "contact_sheet.png").stat().st_size > 1000 and (out / "per_frame_psnr.png").stat().st_size > 1000
+    markdown = (out / "report.md").read_text()
+    assert f"| student round trip | {report['mean']['psnr']:.2f} |" in markdown and "skipped: open_error" in markdown
 
 
-def test_streaming_agrees_and_model_path_kinds(setup, tmp_path):
+def test_side_by_side_video_shows_input_reconstruction_and_error(setup, tmp_path):
+    import av
+
     root, videos, run = setup
-    common = ["--videos", str(videos / "sample_0001.mp4"), "--frames", "9", "--height", "32", "--width", "48"]
+    out = tmp_path / "eval"
+    result = run_inference("--model", str(run), "--videos", str(videos / "sample_0001.mp4"), "--frames", "9",
+                           "--height", "32", "--width", "48", "--out", str(out), torch_home=tmp_path / "no_lpips")
+    assert result.returncode == 0, result.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["mean"]["lpips"] is None and "not found" in report["lpips_unavailable"]  # unavailable, not a number
+    assert "LPIPS: unavailable" in (out / "report.md").read_text()
+    with av.open(str(out / report["clips"][0]["side_by_side"])) as container:
+        frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    assert len(frames) == 9 and frames[0].shape == (32, 3 * 48, 3)
+
+
+def test_streaming_agrees_and_every_model_path_kind_loads(setup, tmp_path):
+    root, videos, run = setup
+    common = ["--videos", str(videos / "sample_0001.mp4"), "--frames", "9", "--height", "32", "--width", "48", "--no-media"]
+    checkpoint = sorted((run / "checkpoints").glob("checkpoint-*"))[-1]
     results = {}
-    for name, model in (("run", run), ("final", run / "final"), ("file", run / "final" / "taehv.pth")):
+    kinds = {"run": run, "final": run / "final", "best": run / "best_model", "checkpoint": checkpoint,
+             "file": run / "final" / "taehv.pth"}
+    for name, model in kinds.items():
         extra = ["--streaming"] if name == "file" else []
         out = tmp_path / name
         completed = run_inference("--model", str(model), *common, *extra, "--out", str(out))
         assert completed.returncode == 0, completed.stderr
         results[name] = json.loads((out / "report.json").read_text())["mean"]["psnr"]
-    assert results["run"] == results["final"] and results["file"] == pytest.approx(results["run"], abs=1e-3)
+    # the last checkpoint's EMA is what final/ exported; streaming agrees with parallel
+    assert results["run"] == results["final"] == results["checkpoint"]
+    assert results["file"] == pytest.approx(results["run"], abs=1e-3)
+    assert results["best"] > 0
     missing = run_inference("--model", str(tmp_path), *common, "--out", str(tmp_path / "x"))
     assert missing.returncode == 2 and "no taehv.safetensors or taehv.pth" in missing.stderr
     nothing = run_inference("--model", str(run), "--videos", str(videos / "broken.mp4"), "--out", str(tmp_path / "y"))
     assert nothing.returncode == 1
+
+
+def test_public_format_file_needs_variant_only_when_ambiguous(setup, tmp_path):
+    root, videos, run = setup
+    torch.manual_seed(0)
+    public = tmp_path / "taecvx.pth"
+    torch.save(TAEHV("taecvx").state_dict(), public)  # no model_info.json beside it
+    common = ["--videos", str(videos / "sample_0002.mp4"), "--frames", "9", "--height", "32", "--width", "48", "--no-media"]
+    result = run_inference("--model", str(public), *common, "--out", str(tmp_path / "a"))
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "a" / "report.json").read_text())["model"]["variant"] in ("taecvx", "taehv")
+    result = run_inference("--model", str(public), "--variant", "taecvx", *common, "--out", str(tmp_path / "b"))
+    assert json.loads((tmp_path / "b" / "report.json").read_text())["model"]["variant"] == "taecvx"
+    wrong = run_inference("--model", str(public), "--variant", "taehv1_5", *common, "--out", str(tmp_path / "c"))
+    assert wrong.returncode == 2 and "taehv1_5" in wrong.stderr and "\n" == wrong.stderr[-1]
+
+
+def test_reference_vae_modes(setup, tmp_path):
+    root, videos, run = setup
+    torch.manual_seed(0)
+    folder = tmp_path / "cogvideox"
+    vae_class("cogvideox")(**tiny_reference_vae_config("cogvideox")).save_pretrained(str(folder / "vae"))
+    torch.save(TAEHV("taecvx").state_dict(), tmp_path / "taecvx.pth")
+    args = ["--model", str(tmp_path / "taecvx.pth"), "--variant", "taecvx", "--videos", str(videos / "sample_0000.mp4"),
+            "--height", "32", "--width", "48", "--ref-vae", "cogvideox", "--ref-vae-path", str(folder), "--no-media"]
+    bad = run_inference(*args, "--frames", "13", "--out", str(tmp_path / "bad"))
+    assert bad.returncode == 2 and "--frames 13 does not suit the cogvideox VAE: use one of [9, 17" in bad.stderr
+    result = run_inference(*args, "--frames", "9", "--out", str(tmp_path / "ok"))
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "ok" / "report.json").read_text())
+    clip = report["clips"][0]
+    for mode in ("decode_reference_latents", "reference_round_trip"):
+        assert len(clip[mode]["per_frame_psnr"]) == 9 and clip[mode]["psnr"] > 0
+        assert report["mean"][mode]["psnr"] == pytest.approx(clip[mode]["psnr"])
+    assert report["speed"]["reference"]["decode_frames_per_second"] > 0
+    assert "| reference VAE round trip |" in (tmp_path / "ok" / "report.md").read_text()
+
+
+def test_native_size_rounds_down_to_the_patch_grid(setup, tmp_path):
+    """The synthetic clips are 96x128, 128x96, 96x96, ...; plus ../shared's small odd-sized ones when
+    present (320x180 rounds to 320x176; the 3-frame rotated clip is too short and is skipped)."""
+    root, videos, run = setup
+    shared = [SAMPLE_VIDEOS / name for name in ("nasa_13013.mp4", "cheesecake_256.mp4", "rotated_90.mov")]
+    sources = [str(videos)] + [str(p) for p in shared if p.is_file()]
+    result = run_inference("--model", str(run), "--videos", *sources, "--frames", "5", "--native", "--no-media",
+                           "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    ok = [c for c in report["clips"] if c["status"] == "ok"]
+    assert len(ok) >= 3
+    assert all(c["height"] % 8 == 0 and c["width"] % 8 == 0 for c in ok)
+    sizes = {(c["height"], c["width"]) for c in ok}
+    assert len(sizes) > 1  # each clip at its own size
+    by_name = {c["path"].rsplit("/", 1)[-1]: c for c in report["clips"]}
+    if "nasa_13013.mp4" in by_name:
+        assert (by_name["nasa_13013.mp4"]["height"], by_name["nasa_13013.mp4"]["width"]) == (176, 320)
+        assert by_name["rotated_90.mov"]["status"] == "skipped" and by_name["rotated_90.mov"]["reason"] == "too_short"
