@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from conftest import REPO_ROOT
+from models.metrics import save_random_lpips_weights
 from models.taehv import TAEHV
 
 LAUNCHER = str(REPO_ROOT / "train_taehv_h100.sh")
@@ -47,7 +48,9 @@ def production_paths(tmp_path_factory) -> list[str]:
     (root / "CogVideoX-2b").mkdir()
     weights = root / "taecvx.pth"
     torch.save(TAEHV("taecvx").state_dict(), weights)
-    sets = {"pretrained_model_path": weights, "data_root": root / "videos", "ref_vae_path": root / "CogVideoX-2b"}
+    backbone, heads = save_random_lpips_weights(root / "lpips")  # perceptual_weight 0.1 needs both files
+    sets = {"pretrained_model_path": weights, "data_root": root / "videos", "ref_vae_path": root / "CogVideoX-2b",
+            "lpips_backbone_path": backbone, "lpips_weights_path": heads}
     return [arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")]
 
 
@@ -148,7 +151,7 @@ def test_production_and_ddp_files_train_with_two_cpu_processes(accelerate_file, 
     accelerate launch: student and Seraena discriminator identical on both ranks, then resume."""
     run_dir = tmp_path / "run"
     common = [LAUNCHER, "2", "test", "--output-dir", str(run_dir), "--set", f"data_root={synthetic_clips}",
-              "--set", f"accelerate_config={accelerate_file}", "--set", "seraena_weight=0.1"]
+              "--set", f"accelerate_config={accelerate_file}", "--set", "seraena_weight=0.1", "--set", "n_frames=8"]
     first = run([*common, "--max-steps", "2"])
     assert first.returncode == 0, first.stderr[-3000:]
     assert f"2 processes | ZeRO {zero}" in first.stdout

@@ -81,7 +81,7 @@ class SeraenaState:
 
     def loss(self, real: torch.Tensor, decoded: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:
         """Steps the discriminator, then returns MSE(decoded, corrected target) for the student."""
-        real_groups = group_frames(aligned(real, decoded))
+        real_groups = group_frames(aligned(real, decoded)).float()  # under bf16 engines the input video is bf16
         fake_groups = group_frames(decoded)
         if not torch.isfinite(fake_groups).all():  # keep the discriminator clean; the step is skipped anyway
             return fake_groups.float().mean() * float("nan")

@@ -29,6 +29,7 @@ from training.config import ConfigError, TrainConfig, config_hash, load_config, 
 from models.taehv import TAEHV  # noqa: E402
 from training.dataset import DataFailureError, FailureTracker, IndexFormatError  # noqa: E402
 from training.distill import SeraenaState, Student, WeightEMA, aligned, compute_losses  # noqa: E402
+from training.elastic import save_full_state  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -95,6 +96,8 @@ def build_accelerator(config: TrainConfig, run_dir: Path):
         log_with="tensorboard",
         project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "logs")),
         kwargs_handlers=[process_group, ddp],
+        # plain DDP without a GPU: accelerate only sets up its multi-CPU mode when told it runs on CPU
+        cpu=not torch.cuda.is_available() and config.zero_stage == 0,
     )
     if accelerator.num_processes != config.num_processes:
         raise RuntimeError(f"launched {accelerator.num_processes} processes but the config resolved {config.num_processes}")
@@ -286,6 +289,7 @@ def save_checkpoint(run: "TrainingRun", step: int) -> Path | None:
             (temporary / "partial.bin").write_bytes(b"\0" * 1024)
             raise OSError(28, f"No space left on device (injected at step {step})")
         accelerator.save_state(str(temporary))
+        save_full_state(accelerator, run.model, run.optimizer, config, run.progress.micro_step, temporary)
     except OSError as failure:
         error = str(failure)
     failed = torch.tensor([float(bool(error))], device=accelerator.device)
@@ -501,9 +505,9 @@ def validate(run: "TrainingRun", evaluated: TAEHV) -> dict:
 
 def log_sample_image(run: "TrainingRun", video: torch.Tensor, decoded: torch.Tensor) -> None:
     """Middle frame: input | reconstruction, as one image under val/sample."""
-    tracker = run.accelerator.get_tracker("tensorboard", unwrap=True)
-    if not run.accelerator.is_main_process or tracker is None:
+    if not run.accelerator.is_main_process:
         return
+    tracker = run.accelerator.get_tracker("tensorboard", unwrap=True)
     t = decoded.shape[1] // 2
     image = torch.cat([video[0, t], decoded[0, t]], dim=-1).clamp(0, 1).float().cpu()
     tracker.add_image("val/sample", image, global_step=run.progress.step)
@@ -649,7 +653,8 @@ def main(argv: list[str] | None = None) -> int:
         build_seraena(config, accelerator, accelerator.unwrap_model(model).taehv.latent_channels), ema,
         build_lpips(config, accelerator.device), FailureTracker(config.max_failed_fraction), Progress(),
     )
-    accelerator.register_for_checkpointing(*[x for x in (scheduler, run.progress, ema, run.seraena) if x is not None])
+    registered = [x for x in (scheduler, run.progress, ema, run.seraena) if x is not None]
+    accelerator.register_for_checkpointing(*registered)
     accelerator.init_trackers("taehv")
     if run.lpips is None:
         run.log.line("LPIPS weights not found: validation reports PSNR and SSIM only (see docs/evaluation.md)")
@@ -657,8 +662,7 @@ def main(argv: list[str] | None = None) -> int:
                  f"global batch {config.global_batch_size} | {len(train_dataset)} train / {len(validation_dataset)} "
                  f"validation clips | {'distilling from ' + config.ref_vae_family if config.use_ref_vae else 'autoencoder mode'}")
     if resume_from is not None:
-        accelerator.load_state(str(resume_from))
-        run.log.line(f"resumed from {resume_from} at step {run.progress.step}")
+        resume(run, resume_from, registered)
     run.profiler = start_profiler(run_dir, accelerator.process_index) if args.torch_profile else None
     run.stop.install()
     try:
@@ -674,6 +678,29 @@ def main(argv: list[str] | None = None) -> int:
         return 0  # preempted: the checkpoint is written; --resume latest continues
     finish(run)
     return 0
+
+
+def resume(run: TrainingRun, folder: Path, registered: list) -> None:
+    """accelerate's exact path when the checkpoint was written by the same topology; else the
+    elastic path (training/elastic.py), checked by re-gathering the loaded state."""
+    from training import elastic
+
+    accelerator, config = run.accelerator, run.config
+    if elastic.same_topology(folder, accelerator, config):
+        accelerator.load_state(str(folder))
+        run.log.line(f"resumed from {folder} at step {run.progress.step}")
+        return
+    saved = json.loads((folder / elastic.TOPOLOGY).read_text())
+    elastic.load_registered_objects(folder, registered)
+    elastic.load_full_state(accelerator, run.model, run.optimizer, folder)
+    run.progress.micro_step = elastic.converted_micro_step(folder, accelerator, config)
+    loaded = elastic.state_fingerprint(elastic.gather_full_state(accelerator, run.model, run.optimizer))
+    if loaded != saved["state_fingerprint"]:
+        raise RuntimeError(f"elastic resume from {folder}: the loaded state (fingerprint {loaded}) differs from the "
+                           f"saved one ({saved['state_fingerprint']})")
+    run.log.line(f"resumed elastically from {folder} at step {run.progress.step}: {saved['num_processes']} processes "
+                 f"ZeRO {saved['zero_stage']} -> {accelerator.num_processes} processes ZeRO {config.zero_stage}; "
+                 f"weights and optimizer state identical (fingerprint {loaded}); per-rank random states start fresh")
 
 
 def train(run: TrainingRun) -> None:

@@ -1,0 +1,250 @@
+"""Where a training step's time goes, and what our loop costs over a bare PyTorch loop.
+
+    python -m scripts.benchmark --json benchmark.json --plot benchmark.png [--steps 20] \
+        [--height 32 --width 32 --frames 4 --batch 8] [--ref-vae cogvideox] [--compile] [--skip-launches]
+
+1. Phases, in one process with the real parts (student, a reference VAE of the real diffusers
+   class built from a small config with random weights, Seraena, AdamW): reference VAE, student
+   forward, Seraena, backward, optimizer. Medians over --steps after 3 warm-up steps.
+2. Student FLOPs per step (torch.utils.flop_counter, forward + backward), achieved FLOP/s, and
+   MFU against this device's measured matmul peak (bf16 on GPU, fp32 on CPU).
+3. Variants of the bare step: channels_last, bf16 autocast, and torch.compile with --compile.
+4. Our loop (train_taehv_h100.sh, autoencoder mode, same model, crop and batch, one process)
+   against the bare loop doing the same math in one process: `overhead_vs_bare` =
+   our step time / bare step time. Our step time comes from the run's TensorBoard
+   `train/samples_per_second` (first log interval dropped), and includes data loading, EMA and
+   logging. Then DDP vs ZeRO-2 vs ZeRO-3 on 2 processes (samples/s), all fp32.
+Every number is printed as JSON with the device and the command line; no targets are asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from models.taehv import TAEHV  # noqa: E402
+from scripts.results import emit_result  # noqa: E402
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measured_peak_flops(device: torch.device) -> float:
+    """Best of a few large matmuls: bf16 on GPU, fp32 on CPU."""
+    dtype, n = (torch.bfloat16, 8192) if device.type == "cuda" else (torch.float32, 1024)
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    best = float("inf")
+    for _ in range(5):
+        synchronize(device)
+        start = time.perf_counter()
+        a @ b
+        synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+class PhaseTimer:
+    def __init__(self, device: torch.device):
+        self.device, self.times = device, {}
+
+    def __call__(self, name: str, fn, *args):
+        synchronize(self.device)
+        start = time.perf_counter()
+        result = fn(*args)
+        synchronize(self.device)
+        self.times.setdefault(name, []).append(time.perf_counter() - start)
+        return result
+
+    def medians(self, warmup: int) -> dict:
+        return {name: statistics.median(values[warmup:]) for name, values in self.times.items()}
+
+
+def phase_times(args, device: torch.device) -> dict:
+    from models.reference_vae import ReferenceVAE, tiny_reference_vae_config, vae_class
+    from training.distill import SeraenaState, aligned
+
+    torch.manual_seed(0)
+    student = TAEHV(args.variant).to(device).train()
+    optimizer = torch.optim.AdamW(student.parameters(), lr=1e-4, fused=device.type == "cuda")
+    reference = None
+    if args.ref_vae != "none":
+        vae = vae_class(args.ref_vae)(**tiny_reference_vae_config(args.ref_vae))
+        reference = ReferenceVAE(vae.to(device), args.ref_vae, sample_latents=True)
+    seraena = SeraenaState(student.latent_channels, 3e-4, 64, seed=0, rank=0, device=device, amp_dtype=None)
+    video = torch.rand(args.batch, args.frames, 3, args.height, args.width, device=device)
+    timer = PhaseTimer(device)
+    for _ in range(args.steps + 3):
+        if reference is not None:
+            timer("reference_vae", reference.encode, video)
+        decoded = timer("student_forward", lambda: student(video))
+        timer("seraena", lambda: seraena.loss(video, decoded.detach(), student.encode_video(video).detach()))
+        loss = F.mse_loss(decoded, aligned(video, decoded))
+        timer("backward", loss.backward)
+        timer("optimizer", lambda: (optimizer.step(), optimizer.zero_grad(set_to_none=True)))
+    phases = timer.medians(3)
+    phases["bare_step"] = phases["student_forward"] + phases["backward"] + phases["optimizer"]
+    return phases
+
+
+def student_flops(args, device: torch.device) -> float:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    student = TAEHV(args.variant).to(device).train()
+    video = torch.rand(args.batch, args.frames, 3, args.height, args.width, device=device)
+    with FlopCounterMode(display=False) as counter:
+        decoded = student(video)
+        F.mse_loss(decoded, video[:, : decoded.shape[1]]).backward()
+    return float(counter.get_total_flops())
+
+
+def bare_step_variants(args, device: torch.device) -> dict:
+    """Median forward+backward+optimizer time of the bare step under each setting."""
+    results = {}
+    settings = ["fp32", "channels_last", "bf16_autocast"] + (["compile"] if args.compile else [])
+    for setting in settings:
+        torch.manual_seed(0)
+        student = TAEHV(args.variant).to(device).train()
+        video = torch.rand(args.batch, args.frames, 3, args.height, args.width, device=device)
+        if setting == "channels_last":
+            student = student.to(memory_format=torch.channels_last)
+        forward = torch.compile(student) if setting == "compile" else student
+        optimizer = torch.optim.AdamW(student.parameters(), lr=1e-4)
+        times = []
+        for _ in range(args.steps + 3):
+            synchronize(device)
+            start = time.perf_counter()
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=setting == "bf16_autocast"):
+                decoded = forward(video)
+            F.mse_loss(decoded.float(), video[:, : decoded.shape[1]]).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            synchronize(device)
+            times.append(time.perf_counter() - start)
+        results[setting] = statistics.median(times[3:])
+    return results
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def loop_samples_per_second(args, processes: int, accelerate_file: str, data_root: Path) -> float | None:
+    """Run our launcher and read train/samples_per_second back from its TensorBoard file."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    with tempfile.TemporaryDirectory() as run_dir:
+        env = {**os.environ, "PYTHON": sys.executable, "MASTER_PORT": str(free_port())}
+        steps = args.steps + 10
+        command = [str(REPO_ROOT / "train_taehv_h100.sh"), str(processes), "cpu", "--output-dir", run_dir,
+                   "--max-steps", str(steps)]
+        for key, value in (("data_root", data_root), ("height", args.height), ("width", args.width),
+                           ("n_frames", args.frames), ("batch_size_per_gpu", args.batch), ("model_variant", args.variant),
+                           ("accelerate_config", accelerate_file), ("log_every", 5), ("validation_steps", steps),
+                           ("checkpointing_steps", steps), ("warmup_steps", 1)):
+            command += ["--set", f"{key}={value}"]
+        result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1800)
+        if result.returncode != 0:
+            print(result.stderr[-2000:], file=sys.stderr)
+            return None
+        events = EventAccumulator(str(Path(run_dir) / "logs" / "taehv"))
+        events.Reload()
+        values = [e.value for e in events.Scalars("train/samples_per_second")][1:-1]  # drop warm-up and the final interval
+        return statistics.median(values) if values else None
+
+
+def write_plot(path: Path, result: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    phases = {k: v * 1000 for k, v in result["phases_s"].items() if k != "bare_step"}
+    left.barh(list(phases), list(phases.values()))
+    left.set_xlabel("ms per step (median)")
+    left.set_title("step phases, one process")
+    strategies = {k: v for k, v in result.get("strategies_samples_per_second", {}).items() if v}
+    if strategies:
+        right.bar(list(strategies), list(strategies.values()))
+        right.set_ylabel("samples / s")
+        right.set_title("2 processes")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variant", default="taehv")
+    parser.add_argument("--height", type=int, default=32)
+    parser.add_argument("--width", type=int, default=32)
+    parser.add_argument("--frames", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--ref-vae", default="cogvideox", choices=("cogvideox", "hunyuan", "wan", "none"))
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile (slow to compile on CPU)")
+    parser.add_argument("--skip-launches", action="store_true", help="in-process measurements only")
+    parser.add_argument("--data-root", type=Path, default=REPO_ROOT / "data" / "synthetic")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--plot", type=Path)
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    phases = phase_times(args, device)
+    flops = student_flops(args, device)
+    peak = measured_peak_flops(device)
+    achieved = flops / (phases["student_forward"] + phases["backward"])
+    result = {
+        "command": " ".join([sys.executable, "-m", "scripts.benchmark", *(argv if argv is not None else sys.argv[1:])]),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "torch": torch.__version__,
+        "shape": {"batch": args.batch, "frames": args.frames, "height": args.height, "width": args.width, "variant": args.variant},
+        "phases_s": phases,
+        "student_flops_per_step": flops,
+        "achieved_flops_per_s": achieved,
+        "measured_peak_flops_per_s": peak,
+        "mfu": achieved / peak if device.type == "cuda" else None,
+        "mfu_vs_cpu_matmul_peak": achieved / peak if device.type == "cpu" else None,
+        "bare_step_variants_s": bare_step_variants(args, device),
+        "cache_vs_student_only": None,
+        "cache_vs_student_only_reason": "the latent cache (issue 7, item 1) is not built yet",
+    }
+    if not args.skip_launches:
+        if not args.data_root.is_dir():
+            from scripts.make_sample_videos import make_sample_videos
+
+            make_sample_videos(args.data_root)
+        ours = loop_samples_per_second(args, 1, "deepspeed_cpu.yaml", args.data_root)
+        result["our_loop_step_s"] = args.batch / ours if ours else None
+        result["overhead_vs_bare"] = (args.batch / ours) / phases["bare_step"] if ours else None
+        result["strategies_samples_per_second"] = {
+            name: loop_samples_per_second(args, 2, file, args.data_root)
+            for name, file in (("ddp", "ddp_cpu.yaml"), ("zero2", "deepspeed_cpu.yaml"), ("zero3", "deepspeed_zero3_cpu.yaml"))
+        }
+    emit_result(result, args.json)
+    if args.plot:
+        write_plot(args.plot, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Turn a training checkpoint (any process count, ZeRO stage or DDP) into one public-format TAEHV
+file that loads wherever TAEHV weights load.
+
+    python -m scripts.convert_checkpoint output/run/checkpoints/checkpoint-5000 --out taehv.safetensors \
+        [--weights ema|model] [--dtype fp32|bf16|fp16] [--variant taecvx]
+
+--weights ema (default): the EMA weights, what the run validates and exports to final/;
+--weights model: the optimizer's fp32 master weights (gathered from the ZeRO shards at save time,
+in the checkpoint's full_state.pt). A model_info.json is written beside the output; the variant
+comes from the run's resolved_config.json unless --variant is given. Written under a temporary
+name and renamed, so an existing file is never left half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from models.taehv import TAEHV, write_model_info
+from training.elastic import FULL_STATE
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def checkpoint_weights(folder: Path, which: str) -> dict[str, torch.Tensor]:
+    if which == "model":
+        path = folder / FULL_STATE
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: this checkpoint predates full states; use --weights ema")
+        weights = torch.load(path, map_location="cpu", weights_only=True)["weights"]
+        return {name.removeprefix("taehv."): value for name, value in weights.items()}
+    for state_file in sorted(folder.glob("custom_checkpoint_*.pkl")):
+        state = torch.load(state_file, map_location="cpu", weights_only=False)
+        if isinstance(state, dict) and "shadow" in state:
+            return dict(state["shadow"])
+    raise FileNotFoundError(f"{folder}: no EMA state (the run had ema_decay=0); use --weights model")
+
+
+def convert(folder: Path, out: Path, which: str = "ema", dtype: str = "fp32", variant: str | None = None) -> Path:
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: not a checkpoint folder")
+    if out.suffix not in (".pth", ".safetensors"):
+        raise ValueError(f"--out {out}: use a .pth or .safetensors name")
+    if variant is None:
+        config = folder.parent.parent / "resolved_config.json"
+        if not config.is_file():
+            raise FileNotFoundError(f"{config} not found: pass --variant")
+        variant = json.loads(config.read_text())["model_variant"]
+    model = TAEHV(variant)
+    model.load_state_dict({k: v.float() for k, v in checkpoint_weights(folder, which).items()})  # strict: keys and shapes
+    weights = {k: v.to(DTYPES[dtype]).contiguous() for k, v in model.state_dict().items()}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    temporary = out.with_name(f".tmp-{out.name}")
+    if out.suffix == ".safetensors":
+        from safetensors.torch import save_file
+
+        save_file(weights, str(temporary))
+    else:
+        torch.save(weights, temporary)
+    temporary.replace(out)
+    write_model_info(model, out.parent, source=str(folder), weights=which, dtype=dtype)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--weights", choices=("ema", "model"), default="ema")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="fp32")
+    parser.add_argument("--variant")
+    args = parser.parse_args(argv)
+    try:
+        path = convert(args.checkpoint, args.out, args.weights, args.dtype, args.variant)
+    except (FileNotFoundError, ValueError, RuntimeError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {path} ({args.weights} weights, {args.dtype}) and {path.parent / 'model_info.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
