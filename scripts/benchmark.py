@@ -1,7 +1,7 @@
 """Where a training step's time goes, and what our loop costs over a bare PyTorch loop.
 
     python -m scripts.benchmark --json benchmark.json --plot benchmark.png [--steps 20] \
-        [--height 32 --width 32 --frames 4 --batch 8] [--ref-vae cogvideox] [--compile] [--skip-launches]
+        [--height 32 --width 32 --frames 8 --batch 8] [--ref-vae cogvideox] [--compile] [--skip-launches]
 
 1. Phases, in one process with the real parts (student, a reference VAE of the real diffusers
    class built from a small config with random weights, Seraena, AdamW): reference VAE, student
@@ -89,18 +89,26 @@ def phase_times(args, device: torch.device) -> dict:
         reference = ReferenceVAE(vae.to(device), args.ref_vae, sample_latents=True)
     seraena = SeraenaState(student.latent_channels, 3e-4, 64, seed=0, rank=0, device=device, amp_dtype=None)
     video = torch.rand(args.batch, args.frames, 3, args.height, args.width, device=device)
+    reference_video = None
+    if reference is not None:  # the reference needs its own frame rule; the nearest valid count at or above
+        from models.reference_vae import valid_frame_counts
+
+        frames = min(n for n in valid_frame_counts(args.ref_vae, 200) if n >= args.frames)
+        reference_video = torch.rand(args.batch, frames, 3, args.height, args.width, device=device)
+    with torch.no_grad():  # Seraena's context (the clip's latents), computed once so it is not timed
+        context = student.encode_video(video)
     timer = PhaseTimer(device)
     for _ in range(args.steps + 3):
         if reference is not None:
-            timer("reference_vae", reference.encode, video)
+            timer("reference_vae", reference.encode, reference_video)
         decoded = timer("student_forward", lambda: student(video))
-        timer("seraena", lambda: seraena.loss(video, decoded.detach(), student.encode_video(video).detach()))
+        timer("seraena", lambda: seraena.loss(video, decoded.detach(), context))
         loss = F.mse_loss(decoded, aligned(video, decoded))
         timer("backward", loss.backward)
         timer("optimizer", lambda: (optimizer.step(), optimizer.zero_grad(set_to_none=True)))
     phases = timer.medians(3)
     phases["bare_step"] = phases["student_forward"] + phases["backward"] + phases["optimizer"]
-    return phases
+    return phases, (reference_video.shape[1] if reference_video is not None else None)
 
 
 def student_flops(args, device: torch.device) -> float:
@@ -197,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", default="taehv")
     parser.add_argument("--height", type=int, default=32)
     parser.add_argument("--width", type=int, default=32)
-    parser.add_argument("--frames", type=int, default=4)
+    parser.add_argument("--frames", type=int, default=8)  # 5 decoded frames: one Seraena group
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--ref-vae", default="cogvideox", choices=("cogvideox", "hunyuan", "wan", "none"))
@@ -209,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
-    phases = phase_times(args, device)
+    phases, reference_frames = phase_times(args, device)
     flops = student_flops(args, device)
     peak = measured_peak_flops(device)
     achieved = flops / (phases["student_forward"] + phases["backward"])
@@ -219,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "shape": {"batch": args.batch, "frames": args.frames, "height": args.height, "width": args.width, "variant": args.variant},
         "phases_s": phases,
+        "reference_vae": {"family": args.ref_vae, "frames": reference_frames,
+                          "weights": "random, small config of the real diffusers class (models/reference_vae.py)"},
         "student_flops_per_step": flops,
         "achieved_flops_per_s": achieved,
         "measured_peak_flops_per_s": peak,

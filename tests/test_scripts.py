@@ -37,3 +37,17 @@ def test_validate_setup_table(tmp_path):
     assert bad.returncode == 1
     assert re.search(r"FAIL  config +pretrained_model_path='checkpoints/taecvx.pth' does not exist", bad.stdout)
     assert "WARN  GPUs" in bad.stdout  # a CPU machine warns about GPUs instead of failing
+
+
+def test_training_step_benchmark_writes_phases_and_plot(tmp_path):
+    out, plot = tmp_path / "bench.json", tmp_path / "bench.png"
+    completed = subprocess.run(
+        [sys.executable, "-m", "scripts.benchmark", "--steps", "2", "--batch", "1", "--skip-launches",
+         "--json", str(out), "--plot", str(plot)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert set(result["phases_s"]) == {"reference_vae", "student_forward", "seraena", "backward", "optimizer", "bare_step"}
+    assert all(v > 0 for v in result["phases_s"].values())
+    assert result["student_flops_per_step"] > 1e8 and result["mfu"] is None  # MFU is reported on GPU only
+    assert set(result["bare_step_variants_s"]) == {"fp32", "channels_last", "bf16_autocast"}
+    assert result["cache_vs_student_only"] is None and plot.stat().st_size > 1000
