@@ -53,27 +53,12 @@ def load_student(model: Path, variant: str | None) -> tuple[TAEHV, Path]:
         for name in ("taehv.safetensors", "taehv.pth"):
             if (folder / name).is_file():
                 return TAEHV.from_pretrained(folder / name, variant=variant), folder / name
-    if any(model.glob("custom_checkpoint_*.pkl")):
-        return load_checkpoint_folder(model, variant)
+    if any(model.glob("custom_checkpoint_*.pkl")):  # a training checkpoint: its EMA weights
+        from scripts.convert_checkpoint import checkpoint_model
+
+        return checkpoint_model(model, "ema", variant), model
     raise FileNotFoundError(f"--model {model}: no taehv.safetensors or taehv.pth in it, its final/ or best_model/, "
                             "and it is not a checkpoint folder")
-
-
-def load_checkpoint_folder(folder: Path, variant: str | None) -> tuple[TAEHV, Path]:
-    """A training checkpoint: the EMA weights (what the run validates and exports); the variant
-    from the run's resolved_config.json two levels up unless --variant is given."""
-    config = folder.parent.parent / "resolved_config.json"
-    if variant is None:
-        if not config.is_file():
-            raise ValueError(f"--model {folder}: checkpoint folder without {config}; pass --variant")
-        variant = json.loads(config.read_text())["model_variant"]
-    for state_file in sorted(folder.glob("custom_checkpoint_*.pkl")):
-        state = torch.load(state_file, map_location="cpu", weights_only=False)
-        if isinstance(state, dict) and "shadow" in state:
-            model = TAEHV(variant)
-            model.load_state_dict({k: v.float() for k, v in state["shadow"].items()})
-            return model, state_file
-    raise ValueError(f"--model {folder}: no EMA state in this checkpoint (ema_decay=0); export it with a finished run")
 
 
 def clip_paths(sources: list[str]) -> list[Path]:
@@ -379,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         from tqdm import tqdm
 
         progress = tqdm(paths, unit="clip")
-    for number_, path in enumerate(progress):
+    for clip_number, path in enumerate(progress):
         entry = {"path": str(path)}
         try:
             height, width = native_size(path, 8 * student.patch_size) if args.native else (args.height, args.width)
@@ -394,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         clip = {**entry, "status": "ok", "height": height, "width": width, **metrics}
         if not args.no_media:
             panel = side_by_side(video, decoded)
-            clip["side_by_side"] = f"clip_{number_:04d}_{path.stem}.mp4"
+            clip["side_by_side"] = f"clip_{clip_number:04d}_{path.stem}.mp4"
             write_mp4(args.out / clip["side_by_side"], panel)
             panels.append((f"{path.name}  {metrics['psnr']:.2f} dB", panel))
         clips.append(clip)

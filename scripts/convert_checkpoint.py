@@ -40,18 +40,25 @@ def checkpoint_weights(folder: Path, which: str) -> dict[str, torch.Tensor]:
     raise FileNotFoundError(f"{folder}: no EMA state (the run had ema_decay=0); use --weights model")
 
 
-def convert(folder: Path, out: Path, which: str = "ema", dtype: str = "fp32", variant: str | None = None) -> Path:
+def checkpoint_model(folder: Path, which: str = "ema", variant: str | None = None) -> TAEHV:
+    """The checkpoint's EMA or master weights in a TAEHV of the run's variant (strict load); used
+    here and by inference.py."""
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: not a checkpoint folder")
-    if out.suffix not in (".pth", ".safetensors"):
-        raise ValueError(f"--out {out}: use a .pth or .safetensors name")
     if variant is None:
         config = folder.parent.parent / "resolved_config.json"
         if not config.is_file():
             raise FileNotFoundError(f"{config} not found: pass --variant")
         variant = json.loads(config.read_text())["model_variant"]
     model = TAEHV(variant)
-    model.load_state_dict({k: v.float() for k, v in checkpoint_weights(folder, which).items()})  # strict: keys and shapes
+    model.load_state_dict({k: v.float() for k, v in checkpoint_weights(folder, which).items()})
+    return model
+
+
+def convert(folder: Path, out: Path, which: str = "ema", dtype: str = "fp32", variant: str | None = None) -> Path:
+    if out.suffix not in (".pth", ".safetensors"):
+        raise ValueError(f"--out {out}: use a .pth or .safetensors name")
+    model = checkpoint_model(folder, which, variant)
     weights = {k: v.to(DTYPES[dtype]).contiguous() for k, v in model.state_dict().items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     temporary = out.with_name(f".tmp-{out.name}")

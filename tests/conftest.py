@@ -2,6 +2,7 @@
 skip with a reason when it is absent, so a fresh clone passes."""
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -27,3 +28,10 @@ def taehv_spec() -> dict:
 @pytest.fixture(scope="session")
 def seraena_spec() -> dict:
     return load_reference_json("seraena_state_dict_spec.json")
+
+
+def free_port() -> int:
+    """An unused local TCP port for one launch's MASTER_PORT."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -6,21 +6,14 @@ fingerprint with the saved one; a difference is an error)."""
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, free_port
 from scripts.make_sample_videos import make_sample_videos
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -5,14 +5,13 @@ modes, and the report files."""
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from conftest import REPO_ROOT, SAMPLE_VIDEOS
+from conftest import REPO_ROOT, SAMPLE_VIDEOS, free_port
 from models.metrics import psnr, save_random_lpips_weights, ssim
 from models.reference_vae import tiny_reference_vae_config, vae_class
 from models.taehv import TAEHV
@@ -28,10 +27,7 @@ def setup(tmp_path_factory):
     make_sample_videos(videos, count=3, n_frames=24)
     (videos / "broken.mp4").write_bytes(b"not a video")
     run = root / "run"
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {**os.environ, "PYTHON": sys.executable, "MASTER_PORT": str(port)}
+    env = {**os.environ, "PYTHON": sys.executable, "MASTER_PORT": str(free_port())}
     trained = subprocess.run([str(REPO_ROOT / "train_taehv_h100.sh"), "1", "test", "--output-dir", str(run),
                               "--set", f"data_root={videos}"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                              timeout=400)

@@ -12,18 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, free_port
 from models.metrics import save_random_lpips_weights
 from models.taehv import TAEHV
 
 LAUNCHER = str(REPO_ROOT / "train_taehv_h100.sh")
 MULTINODE = str(REPO_ROOT / "start_multinode_platform.sh")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(args, env_extra=None, timeout=300, cwd=REPO_ROOT):

@@ -5,7 +5,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, free_port
 from models.metrics import LPIPS, save_random_lpips_weights
 from models.reference_vae import ReferenceVAE, tiny_reference_vae_config, vae_class
 from models.taehv import TAEHV
@@ -123,12 +122,6 @@ def test_zero_weights_skip_their_computation_and_others_reach_the_student(monkey
     decoder_grad = student.taehv.decoder[1].weight.grad
     assert (encoder_grad is not None and encoder_grad.abs().sum() > 0) == bool(terms & {"encoder", "reconstruction"})
     assert decoder_grad is not None and decoder_grad.abs().sum() > 0 or terms == {"encoder"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
