@@ -368,12 +368,12 @@ def main(argv: list[str] | None = None) -> int:
         entry = {"path": str(path)}
         try:
             height, width = native_size(path, 8 * student.patch_size) if args.native else (args.height, args.width)
-            frames, _ = read_clip(path, -1, args.frames, args.stride, args.stride, random.Random(0), loop_short=False,
+            frames, _, _ = read_clip(path, -1, args.frames, args.stride, args.stride, random.Random(0), loop_short=False,
                                   cover=(height, width))
         except ClipError as error:
             clips.append({**entry, "status": "skipped", "reason": error.reason})
             continue
-        video = resize_and_crop(torch.from_numpy(frames).permute(0, 3, 1, 2), height, width, rng=None)
+        video = resize_and_crop(torch.from_numpy(frames).permute(0, 3, 1, 2), height, width, rng=None)[0]
         video = video[None].to(device).float() / 255
         metrics, decoded = evaluate_clip(video, student, reference, speeds, lpips, DTYPES[args.dtype], args.streaming)
         clip = {**entry, "status": "ok", "height": height, "width": width, **metrics}

@@ -53,12 +53,24 @@ class ReferenceVAE(nn.Module):
 
     @torch.no_grad()
     def encode(self, video: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        distribution = self._latent_dist(video)
+        latents = distribution.sample(generator) if self.sample_latents else distribution.mean
+        return self._checked(latents)
+
+    @torch.no_grad()
+    def encode_distribution(self, video: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, log-variance) of the latent distribution, each N,t,C,h,w fp32 (for the latent cache)."""
+        distribution = self._latent_dist(video)
+        return self._checked(distribution.mean), self._checked(distribution.logvar)
+
+    def _latent_dist(self, video: torch.Tensor):
         if not is_valid_frame_count(self.family, video.shape[1]):
             raise ValueError(f"{video.shape[1]} frames do not suit the {self.family} VAE: use one of "
                              f"{valid_frame_counts(self.family, 50)}")
         x = (video.permute(0, 2, 1, 3, 4) * 2 - 1).to(self.dtype)  # N,C,T,H,W in [-1, 1]
-        distribution = self.vae.encode(x).latent_dist
-        latents = distribution.sample(generator) if self.sample_latents else distribution.mean
+        return self.vae.encode(x).latent_dist
+
+    def _checked(self, latents: torch.Tensor) -> torch.Tensor:
         latents = latents.float().permute(0, 2, 1, 3, 4).contiguous()
         if not torch.isfinite(latents).all():
             raise FloatingPointError(f"the {self.family} reference VAE produced non-finite latents "

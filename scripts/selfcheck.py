@@ -22,8 +22,8 @@ SHARED_VIDEO = Path(__file__).resolve().parents[1].parent / "shared" / "data" / 
 
 def read_video(path: Path, n_frames: int, size: int) -> torch.Tensor:
     """First n_frames of a video as 1,T,3,size,size in [0, 1] (centre crop), via the data pipeline."""
-    frames, _ = read_clip(path, n_frames, n_frames, 1, 1, random.Random(0), loop_short=True, cover=(size, size))
-    video = resize_and_crop(torch.from_numpy(frames).permute(0, 3, 1, 2), size, size, rng=None)
+    frames, _, _ = read_clip(path, n_frames, n_frames, 1, 1, random.Random(0), loop_short=True, cover=(size, size))
+    video = resize_and_crop(torch.from_numpy(frames).permute(0, 3, 1, 2), size, size, rng=None)[0]
     return video[None].float() / 255
 
 

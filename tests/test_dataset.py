@@ -75,11 +75,11 @@ def test_rotation_short_clip_loop_and_mkv():
     assert decoded.rotation % 180 != 0 and decoded.frames[0].shape[:2] == (320, 568)  # stored landscape...
     from training.dataset import read_clip
 
-    clip, _ = read_clip(SAMPLE_VIDEOS / "rotated_90.mov", 3, 3, 1, 1, random.Random(0), False)
+    clip, _, _ = read_clip(SAMPLE_VIDEOS / "rotated_90.mov", 3, 3, 1, 1, random.Random(0), False)
     assert clip.shape[1:3] == (568, 320)  # ...comes out portrait
-    scaled, _ = read_clip(SAMPLE_VIDEOS / "rotated_90.mov", 3, 3, 1, 1, random.Random(0), False, cover=(64, 48))
+    scaled, _, _ = read_clip(SAMPLE_VIDEOS / "rotated_90.mov", 3, 3, 1, 1, random.Random(0), False, cover=(64, 48))
     assert scaled.shape[1:3] == (85, 48)  # scaled while decoding, still portrait, covering 64x48
-    mkv, decoded = read_clip(SAMPLE_VIDEOS / "flipping_a_pancake.mkv", -1, 13, 2, 2, random.Random(3), False)
+    mkv, decoded, _ = read_clip(SAMPLE_VIDEOS / "flipping_a_pancake.mkv", -1, 13, 2, 2, random.Random(3), False)
     assert mkv.shape == (13, 240, 426, 3) and decoded >= 25
 
 
@@ -89,7 +89,7 @@ def test_wrong_header_count_does_not_break_sampling():
 
     # teddy.mp4 claims 142 frames and has 141: windows that end on the last frame still decode
     for seed in range(20):
-        clip, _ = read_clip(SAMPLE_VIDEOS / "teddy.mp4", 142, 13, 11, 11, random.Random(seed), False)
+        clip, _, _ = read_clip(SAMPLE_VIDEOS / "teddy.mp4", 142, 13, 11, 11, random.Random(seed), False)
         assert clip.shape == (13, 480, 368, 3)
 
 

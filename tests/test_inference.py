@@ -43,8 +43,8 @@ def run_inference(*args, torch_home=None):
 
 def decoded_by_hand(model_file, clip, frames=9, height=32, width=48):
     model = TAEHV.from_pretrained(model_file).eval()
-    raw, _ = read_clip(clip, -1, frames, 1, 1, random.Random(0), False, cover=(height, width))
-    video = resize_and_crop(torch.from_numpy(raw).permute(0, 3, 1, 2), height, width, None)[None].float() / 255
+    raw, _, _ = read_clip(clip, -1, frames, 1, 1, random.Random(0), False, cover=(height, width))
+    video = resize_and_crop(torch.from_numpy(raw).permute(0, 3, 1, 2), height, width, None)[0][None].float() / 255
     with torch.no_grad():
         decoded = model.decode_video(model.encode_video(video))
     return decoded, video[:, : decoded.shape[1]]

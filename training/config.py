@@ -58,6 +58,8 @@ class TrainConfig:
     ref_vae_path: str = option("pretrained/CogVideoX-2b", "local diffusers folder or hub id (subfolder vae)")
     ref_vae_sample_latents: bool = option(True, "use latent_dist.sample() (True) or its mean (False)")
     ref_vae_tiling: bool = option(False, "enable the reference VAE's tiled encode (saves memory, slower)")
+    latent_cache: str = option("", "folder written by scripts/cache_latents.py: read reference latents from it instead "
+                               "of running the reference VAE; empty = encode on the fly")
     # --- data ----------------------------------------------------------------------------------
     data_root: str = option("data/videos", "folder the clip paths are relative to (or scanned when no index)")
     index_path: str = option("", "annotation JSON, JSONL or CSV index; empty = scan data_root")
@@ -322,7 +324,16 @@ def check_required_paths(c: TrainConfig) -> None:
     """Existing paths for the keys that need them, named with their key."""
     if c.pretrained_model_path and not Path(c.pretrained_model_path).is_file():
         raise ConfigError(f"pretrained_model_path={c.pretrained_model_path!r} does not exist: fix the path or set it to '' to train from scratch")
-    if c.use_ref_vae and not Path(c.ref_vae_path).exists() and not HUB_ID.match(c.ref_vae_path):
+    if c.latent_cache:
+        from training.latent_cache import CacheError, check_compatible
+
+        if not c.use_ref_vae:
+            raise ConfigError("latent_cache is set but use_ref_vae=false: a cache holds reference latents; set use_ref_vae=true")
+        try:
+            check_compatible(Path(c.latent_cache), c)
+        except CacheError as error:
+            raise ConfigError(str(error)) from None
+    elif c.use_ref_vae and not Path(c.ref_vae_path).exists() and not HUB_ID.match(c.ref_vae_path):
         raise ConfigError(f"ref_vae_path={c.ref_vae_path!r} is neither a local folder nor a hub id: fix the path")
     if not c.synthetic_data and not Path(c.data_root).is_dir():
         raise ConfigError(f"data_root={c.data_root!r} is not a folder: fix the path (or set synthetic_data=true)")

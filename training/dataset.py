@@ -299,10 +299,10 @@ def _scaling(height: int, width: int, rotation: int, cover: tuple[int, int]) -> 
 
 
 def read_clip(path: Path, frame_count: int, n_frames: int, min_delta: int, max_delta: int,
-              rng: random.Random, loop_short: bool, cover: tuple[int, int] | None = None) -> tuple[np.ndarray, int]:
+              rng: random.Random, loop_short: bool, cover: tuple[int, int] | None = None) -> tuple[np.ndarray, int, list[int]]:
     """(n_frames,H,W,3 uint8 with rotation applied and scaled to cover `cover` when given, frames
-    the decoder produced). A wrong or missing header count is corrected by what decoding finds,
-    with one more seek."""
+    the decoder produced, the stream frame index behind each output frame). A wrong or missing
+    header count is corrected by what decoding finds, with one more seek."""
     decoded_total = 0
     if frame_count < 1:
         frame_count = header_frame_count(path)
@@ -326,25 +326,42 @@ def read_clip(path: Path, frame_count: int, n_frames: int, min_delta: int, max_d
         frame_count = result.seen  # the header promised more than the stream holds
     else:
         raise ClipError("decode_error", f"{path}: stream ended after {result.seen} frames")
-    if loop_short and len(frames) < n_frames:
-        frames = [frames[i % len(frames)] for i in range(n_frames)]
-    video = np.stack(frames)
+    sources = [wanted[i % len(wanted)] for i in range(n_frames)]  # loops a short clip
+    frames = [frames[i % len(frames)] for i in range(n_frames)]
+    return _rotated(np.stack(frames), rotation), decoded_total, sources
+
+
+def _rotated(video: np.ndarray, rotation: int) -> np.ndarray:
     if rotation:
         video = np.rot90(video, k=round(rotation / 90) % 4, axes=(1, 2))
-    return np.ascontiguousarray(video), decoded_total
+    return np.ascontiguousarray(video)
 
 
-def resize_and_crop(video: torch.Tensor, height: int, width: int, rng: random.Random | None) -> torch.Tensor:
-    """T,3,h,w uint8 -> T,3,height,width uint8: scale (keeping aspect, up or down) to cover, then
-    crop (random when rng is given, centred otherwise)."""
+def read_frames(path: Path, sources: list[int], cover: tuple[int, int] | None = None) -> tuple[np.ndarray, int]:
+    """The frames read_clip returned for these `sources` (a recipe stored in a latent cache), with
+    rotation and cover scaling applied the same way."""
+    wanted = sorted(set(sources))
+    result = decode_frames(path, wanted, cover)
+    if len(result.frames) != len(wanted):
+        raise ClipError("decode_error", f"{path}: stream ended after {result.seen} frames, the cached clip needs frame {wanted[-1]}")
+    by_index = dict(zip(wanted, result.frames))
+    return _rotated(np.stack([by_index[s] for s in sources]), result.rotation), result.decoded
+
+
+def resize_and_crop(video: torch.Tensor, height: int, width: int, rng: random.Random | None,
+                    origin: tuple[int, int] | None = None) -> tuple[torch.Tensor, tuple[int, int]]:
+    """T,3,h,w uint8 -> (T,3,height,width uint8, (top, left)): scale (keeping aspect, up or down)
+    to cover, then crop at `origin` when given, else random when rng is given, else centred."""
     h, w = video.shape[-2:]
     new_h, new_w = cover_size(h, w, height, width)
     if (new_h, new_w) != (h, w):  # frames from read_clip(cover=...) already cover: crop only
         video = F.interpolate(video.float(), size=(new_h, new_w), mode="bilinear", antialias=True, align_corners=False)
         video = video.round().clamp(0, 255).to(torch.uint8)
-    top = rng.randrange(new_h - height + 1) if rng else (new_h - height) // 2
-    left = rng.randrange(new_w - width + 1) if rng else (new_w - width) // 2
-    return video[..., top : top + height, left : left + width]
+    if origin is None:
+        origin = ((rng.randrange(new_h - height + 1), rng.randrange(new_w - width + 1)) if rng
+                  else ((new_h - height) // 2, (new_w - width) // 2))
+    top, left = origin
+    return video[..., top : top + height, left : left + width], (top, left)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -365,7 +382,8 @@ class ClipSpec:
 
 class VideoClipDataset(Dataset):
     """dataset[(epoch, index)] -> {"video": uint8 T,3,H,W, "skipped": [(reason, path), ...],
-    "decoded_frames": frames the decoder produced for it}.
+    "decoded_frames": frames the decoder produced for it, "recipe": how to read the same clip
+    again (clip: relative path, sources: stream frame indices, crop: (top, left), flip)}.
     Training draws (start, stride, crop, flip) from a generator seeded by (seed, epoch, index);
     validation takes a centred crop at the smallest stride from a fixed start."""
 
@@ -387,22 +405,26 @@ class VideoClipDataset(Dataset):
             max_delta = spec.max_frame_delta if self.train else spec.min_frame_delta
             window_rng = rng if self.train else random.Random(i)
             try:
-                frames, decoded = read_clip(path, int(self.index.frames[i]), spec.n_frames, spec.min_frame_delta,
-                                            max_delta, window_rng, spec.loop_short_clips, cover=(spec.height, spec.width))
+                frames, decoded, sources = read_clip(path, int(self.index.frames[i]), spec.n_frames, spec.min_frame_delta,
+                                                     max_delta, window_rng, spec.loop_short_clips, cover=(spec.height, spec.width))
             except ClipError as error:
                 skipped.append((error.reason, str(path)))
                 continue
-            video = resize_and_crop(torch.from_numpy(frames).permute(0, 3, 1, 2), spec.height, spec.width,
-                                    rng if self.train else None)
-            if self.train and spec.horizontal_flip and rng.random() < 0.5:
-                video = video.flip(-1)
-            return {"video": video.contiguous(), "skipped": skipped, "decoded_frames": decoded}
+            video, crop = resize_and_crop(torch.from_numpy(frames).permute(0, 3, 1, 2), spec.height, spec.width,
+                                          rng if self.train else None)
+            flip = self.train and spec.horizontal_flip and rng.random() < 0.5
+            recipe = {"clip": self.index.relative(i), "sources": sources, "crop": crop, "flip": flip}
+            return {"video": (video.flip(-1) if flip else video).contiguous(), "skipped": skipped,
+                    "decoded_frames": decoded, "recipe": recipe}
         raise DataFailureError(f"all {self.max_redraws} draws for sample {index} failed: {describe_skips(skipped)}")
 
 
 def collate_clips(items: list[dict]) -> dict:
-    return {"video": torch.stack([item["video"] for item in items]), "skipped": [s for item in items for s in item["skipped"]],
-            "decoded_frames": sum(item["decoded_frames"] for item in items)}
+    batch = {"video": torch.stack([item["video"] for item in items]), "skipped": [s for item in items for s in item["skipped"]],
+             "decoded_frames": sum(item["decoded_frames"] for item in items)}
+    if "latents" in items[0]:  # from a latent cache (training/latent_cache.py)
+        batch["latents"] = torch.stack([item["latents"] for item in items])
+    return batch
 
 
 def describe_skips(skipped: list[tuple[str, str]], examples: int = 3) -> str:

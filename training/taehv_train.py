@@ -147,8 +147,8 @@ def build_model(config: TrainConfig) -> Student:
 
 
 def build_reference_vae(config: TrainConfig, device):
-    """None in autoencoder mode; otherwise the frozen reference VAE (errors name the path)."""
-    if not config.use_ref_vae:
+    """None in autoencoder mode or with a latent cache; otherwise the frozen reference VAE (errors name the path)."""
+    if not config.use_ref_vae or config.latent_cache:
         return None
     from models.reference_vae import load_reference_vae
 
@@ -179,6 +179,11 @@ def build_datasets(config: TrainConfig):
     from training.dataset import ClipSpec, VideoClipDataset, read_index
 
     data_root = Path(config.data_root)
+    if config.latent_cache:  # the clips and their reference latents, as scripts/cache_latents.py drew them
+        from training.latent_cache import CachedClipDataset
+
+        return tuple(CachedClipDataset(Path(config.latent_cache), split, data_root, config.ref_vae_sample_latents, config.seed)
+                     for split in ("train", "validation"))
     if config.synthetic_data and not data_root.is_dir():
         from scripts.make_sample_videos import make_sample_videos
 
@@ -389,8 +394,8 @@ def train_step(run: "TrainingRun", batch) -> tuple[dict | None, str]:
     try:
         if micro_step in run.faults.oom_micro_steps:
             raise torch.OutOfMemoryError(f"CUDA out of memory (injected at micro-step {micro_step})")
-        video = batch.to(accelerator.device, non_blocking=True).float() / 255  # N,T,3,H,W in [0, 1]
-        reference_latents = run.reference_vae.encode(video) if run.reference_vae is not None else None
+        video = batch["video"].to(accelerator.device, non_blocking=True).float() / 255  # N,T,3,H,W in [0, 1]
+        reference_latents = reference_latents_for(run, batch, video)
         loss, logged = compute_losses(config, model, video.to(model_dtype(model)), reference_latents, run.seraena, run.lpips)
     except torch.OutOfMemoryError:
         out_of_memory = True
@@ -473,6 +478,13 @@ def evaluation_model(run: "TrainingRun") -> TAEHV:
     return evaluated.to(run.accelerator.device).eval()
 
 
+def reference_latents_for(run: "TrainingRun", item: dict, video: torch.Tensor) -> torch.Tensor | None:
+    """From the latent cache when the batch carries them, else the reference VAE; None in autoencoder mode."""
+    if "latents" in item:
+        return item["latents"].to(video.device, non_blocking=True).reshape(video.shape[0], *item["latents"].shape[-4:])
+    return run.reference_vae.encode(video) if run.reference_vae is not None else None
+
+
 def validate(run: "TrainingRun", evaluated: TAEHV) -> dict:
     """PSNR, SSIM and LPIPS (when its weights are on this machine) of the round trip over the
     held-out clips, and of the student's decode of reference latents when distilling; clips are
@@ -481,15 +493,16 @@ def validate(run: "TrainingRun", evaluated: TAEHV) -> dict:
 
     accelerator, dataset = run.accelerator, run.validation_dataset
     count = min(run.config.validation_samples, len(dataset))
-    names = [f"{prefix}{metric}" for prefix in ("", "decode_")[: 2 if run.reference_vae is not None else 1]
+    names = [f"{prefix}{metric}" for prefix in ("", "decode_")[: 2 if run.config.use_ref_vae else 1]
              for metric in ("psnr", "ssim") + (("lpips",) if run.lpips is not None else ())]
     totals = torch.zeros(len(names) + 1, device=accelerator.device)  # metric sums, number of clips
     with torch.no_grad():  # a plain module: ranks need not run the same number of forwards
         for index in range(accelerator.process_index, count, accelerator.num_processes):
-            video = dataset[index]["video"][None].to(accelerator.device).float() / 255
+            item = dataset[index]
+            video = item["video"][None].to(accelerator.device).float() / 255
             decoded = {"": evaluated(video)}
-            if run.reference_vae is not None:
-                decoded["decode_"] = evaluated.decode_video(run.reference_vae.encode(video))
+            if run.config.use_ref_vae:
+                decoded["decode_"] = evaluated.decode_video(reference_latents_for(run, item, video))
             values = {}
             for prefix, frames in decoded.items():
                 target = aligned(video, frames)
@@ -660,7 +673,7 @@ def main(argv: list[str] | None = None) -> int:
         run.log.line("LPIPS weights not found: validation reports PSNR and SSIM only (see docs/evaluation.md)")
     run.log.line(f"run folder {run_dir} | {accelerator.num_processes} processes | ZeRO {config.zero_stage} | "
                  f"global batch {config.global_batch_size} | {len(train_dataset)} train / {len(validation_dataset)} "
-                 f"validation clips | {'distilling from ' + config.ref_vae_family if config.use_ref_vae else 'autoencoder mode'}")
+                 f"validation clips | {describe_teacher(config)}")
     if resume_from is not None:
         resume(run, resume_from, registered)
     run.profiler = start_profiler(run_dir, accelerator.process_index) if args.torch_profile else None
@@ -678,6 +691,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0  # preempted: the checkpoint is written; --resume latest continues
     finish(run)
     return 0
+
+
+def describe_teacher(config: TrainConfig) -> str:
+    if not config.use_ref_vae:
+        return "autoencoder mode"
+    return f"distilling from {config.ref_vae_family}" + (f" (latents from the cache {config.latent_cache})" if config.latent_cache else "")
 
 
 def resume(run: TrainingRun, folder: Path, registered: list) -> None:
@@ -721,7 +740,7 @@ def train(run: TrainingRun) -> None:
             data_wait += time.perf_counter() - fetch_start
             run.failures.update(batch["skipped"], len(batch["video"]))
             progress.micro_step += 1
-            logged, skip_reason = train_step(run, batch["video"])
+            logged, skip_reason = train_step(run, batch)
             if logged is None:
                 note_bad_step(run, skip_reason)
                 fetch_start = time.perf_counter()
