@@ -9,6 +9,9 @@
 2. Student FLOPs per step (torch.utils.flop_counter, forward + backward), achieved FLOP/s, and
    MFU against this device's measured matmul peak (bf16 on GPU, fp32 on CPU).
 3. Variants of the bare step: channels_last, bf16 autocast, and torch.compile with --compile.
+3b. A distillation step with latents in memory, from a real latent cache (written here by
+   scripts/cache_latents.py over the sample clips) and from the reference VAE on the fly:
+   `cache_vs_student_only` = cached step / in-memory step.
 4. Our loop (train_taehv_h100.sh, autoencoder mode, same model, crop and batch, one process)
    against the bare loop doing the same math in one process: `overhead_vs_bare` =
    our step time / bare step time. Our step time comes from the run's TensorBoard
@@ -149,6 +152,68 @@ def bare_step_variants(args, device: torch.device) -> dict:
     return results
 
 
+def distillation_step_times(args, device: torch.device, data_root: Path) -> dict:
+    """A distillation step (encoder, decoder and reconstruction terms) timed three ways, interleaved:
+    latents already in memory (the student alone), latents read from a real cache written by
+    scripts/cache_latents.py (read, bf16 -> fp32, sampled, moved to the device; not overlapped
+    with the step as loader workers would do), and latents from the reference VAE on the fly."""
+    import random
+    from types import SimpleNamespace
+
+    from models.reference_vae import ReferenceVAE, tiny_reference_vae_config, valid_frame_counts, vae_class
+    from training.distill import Student, compute_losses
+    from training.latent_cache import CachedClipDataset
+
+    frames = min(n for n in valid_frame_counts(args.ref_vae, 200) if n >= args.frames)
+    with tempfile.TemporaryDirectory() as folder:
+        folder = Path(folder)
+        torch.manual_seed(0)
+        vae = vae_class(args.ref_vae)(**tiny_reference_vae_config(args.ref_vae))
+        vae.save_pretrained(str(folder / "vae"))
+        command = [sys.executable, "-m", "scripts.cache_latents", "cpu", "--out", str(folder / "cache"), "--shard-size", "64"]
+        for item in (f"data_root={data_root}", "use_ref_vae=true", f"ref_vae_family={args.ref_vae}", f"ref_vae_path={folder / 'vae'}",
+                     f"height={args.height}", f"width={args.width}", f"n_frames={frames}", "encoder_weight=0.1",
+                     "decoder_weight=0.1", f"batch_size_per_gpu={args.batch}", "num_workers=1"):
+            command += ["--set", item]
+        start = time.perf_counter()
+        written = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1800)
+        write_s = time.perf_counter() - start
+        if written.returncode != 0:
+            print(written.stderr[-2000:], file=sys.stderr)
+            return {"error": "scripts.cache_latents failed"}
+        cached = CachedClipDataset(folder / "cache", "train", data_root, sample_latents=True, seed=0)
+        reference = ReferenceVAE(vae.to(device), args.ref_vae, sample_latents=True)
+        torch.manual_seed(0)
+        student = Student(TAEHV(args.variant)).to(device).train()
+        optimizer = torch.optim.AdamW(student.parameters(), lr=1e-4)
+        weights = SimpleNamespace(encoder_weight=0.1, decoder_weight=0.1, reconstruction_weight=10.0, seraena_weight=0.0,
+                                  perceptual_weight=0.0, pixel_loss="mse")
+        video = torch.rand(args.batch, frames, 3, args.height, args.width, device=device)
+        in_memory = reference.encode(video)
+        rng = random.Random(0)
+
+        def from_cache():
+            rows = [cached.record(rng.randrange(len(cached))) for _ in range(args.batch)]
+            return torch.stack([cached.latents(row, rng) for row in rows]).to(device)
+
+        def step(get_latents):
+            latents = get_latents()
+            loss, _ = compute_losses(weights, student, video, latents, None)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        timer = PhaseTimer(device)
+        for _ in range(args.steps + 3):
+            timer("student_only", step, lambda: in_memory)
+            timer("from_cache", step, from_cache)
+            timer("on_the_fly", step, lambda: reference.encode(video))
+        times = timer.medians(3)
+        return {"frames": frames, "step_s": times, "cache_write_s": write_s, "cached_samples": len(cached),
+                "cache_vs_student_only": times["from_cache"] / times["student_only"],
+                "on_the_fly_vs_student_only": times["on_the_fly"] / times["student_only"]}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -235,14 +300,15 @@ def main(argv: list[str] | None = None) -> int:
         "mfu": achieved / peak if device.type == "cuda" else None,
         "mfu_vs_cpu_matmul_peak": achieved / peak if device.type == "cpu" else None,
         "bare_step_variants_s": bare_step_variants(args, device),
-        "cache_vs_student_only": None,
-        "cache_vs_student_only_reason": "the latent cache (issue 7, item 1) is not built yet",
     }
-    if not args.skip_launches:
-        if not args.data_root.is_dir():
-            from scripts.make_sample_videos import make_sample_videos
+    if not args.data_root.is_dir():
+        from scripts.make_sample_videos import make_sample_videos
 
-            make_sample_videos(args.data_root)
+        make_sample_videos(args.data_root)
+    if args.ref_vae != "none":
+        result["distillation"] = distillation_step_times(args, device, args.data_root)
+        result["cache_vs_student_only"] = result["distillation"].get("cache_vs_student_only")
+    if not args.skip_launches:
         ours = loop_samples_per_second(args, 1, "deepspeed_cpu.yaml", args.data_root)
         result["our_loop_step_s"] = args.batch / ours if ours else None
         result["overhead_vs_bare"] = (args.batch / ours) / phases["bare_step"] if ours else None

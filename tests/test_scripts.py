@@ -40,14 +40,21 @@ def test_validate_setup_table(tmp_path):
 
 
 def test_training_step_benchmark_writes_phases_and_plot(tmp_path):
+    from scripts.make_sample_videos import make_sample_videos
+
+    make_sample_videos(tmp_path / "clips", count=4, n_frames=16)
     out, plot = tmp_path / "bench.json", tmp_path / "bench.png"
     completed = subprocess.run(
         [sys.executable, "-m", "scripts.benchmark", "--steps", "2", "--batch", "1", "--skip-launches",
-         "--json", str(out), "--plot", str(plot)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+         "--data-root", str(tmp_path / "clips"), "--json", str(out), "--plot", str(plot)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stderr[-2000:]
     result = json.loads(out.read_text())
     assert set(result["phases_s"]) == {"reference_vae", "student_forward", "seraena", "backward", "optimizer", "bare_step"}
     assert all(v > 0 for v in result["phases_s"].values())
     assert result["student_flops_per_step"] > 1e8 and result["mfu"] is None  # MFU is reported on GPU only
     assert set(result["bare_step_variants_s"]) == {"fp32", "channels_last", "bf16_autocast"}
-    assert result["cache_vs_student_only"] is None and plot.stat().st_size > 1000
+    distillation = result["distillation"]  # a real cache was written over the clips and read back
+    assert set(distillation["step_s"]) == {"student_only", "from_cache", "on_the_fly"} and distillation["cached_samples"] > 0
+    assert result["cache_vs_student_only"] == distillation["step_s"]["from_cache"] / distillation["step_s"]["student_only"]
+    assert plot.stat().st_size > 1000

@@ -107,6 +107,14 @@ class CachedClipDataset(Dataset):
         record["clip"] = shard["clip"][row]
         return record
 
+    def latents(self, record: dict, rng: random.Random) -> torch.Tensor:
+        """fp32 latents of a record: the mean, or a sample of the stored distribution."""
+        latents = record["mean"].float()
+        if self.sample_latents:
+            noise = torch.randn(latents.shape, generator=torch.Generator().manual_seed(rng.getrandbits(63)))
+            latents = latents + (0.5 * record["logvar"].float()).exp() * noise
+        return latents
+
     def __getitem__(self, key) -> dict:
         epoch, index = key if isinstance(key, tuple) else (0, key)
         rng = random.Random(f"cache/{self.seed}/{epoch}/{index}")
@@ -124,9 +132,6 @@ class CachedClipDataset(Dataset):
                                        self.settings["width"], None, origin=tuple(record["crop"].tolist()))
             if record["flip"]:
                 video = video.flip(-1)
-            latents = record["mean"].float()
-            if self.sample_latents:
-                noise = torch.randn(latents.shape, generator=torch.Generator().manual_seed(rng.getrandbits(63)))
-                latents = latents + (0.5 * record["logvar"].float()).exp() * noise
+            latents = self.latents(record, rng)
             return {"video": video.contiguous(), "latents": latents, "skipped": skipped, "decoded_frames": decoded}
         raise DataFailureError(f"all {self.max_redraws} draws for cached sample {index} failed: {describe_skips(skipped)}")
