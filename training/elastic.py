@@ -73,13 +73,37 @@ def gather_full_state(accelerator, model, optimizer) -> dict:
     return state
 
 
+def checkpoint_contract(config) -> dict:
+    """What a checkpoint must share with the run that resumes it: the student's architecture and
+    the objects registered with accelerate (scheduler and progress always; EMA and Seraena when on)."""
+    return {"model_variant": config.model_variant,
+            "registered": ["scheduler", "progress"] + ["ema"] * (config.ema_decay > 0) + ["seraena"] * (config.seraena_weight > 0)}
+
+
+def check_resumable(folder: Path, config) -> None:
+    """Raises ValueError with one line when `folder` cannot be resumed by this config (before any
+    model is built), naming the setting and how to fix it."""
+    path = Path(folder) / TOPOLOGY
+    if not path.is_file():
+        raise ValueError(f"{folder} is not a checkpoint written by this trainer (no {TOPOLOGY}): "
+                         "pass a checkpoints/checkpoint-N folder of a run")
+    saved = json.loads(path.read_text())
+    expected = checkpoint_contract(config)
+    if saved.get("model_variant", expected["model_variant"]) != expected["model_variant"]:
+        raise ValueError(f"{folder} holds a {saved['model_variant']!r} student but this run has model_variant="
+                         f"{config.model_variant!r}: resume with --set model_variant={saved['model_variant']} or start a new run folder")
+    if saved.get("registered", expected["registered"]) != expected["registered"]:
+        raise ValueError(f"{folder} was written with {', '.join(saved['registered'])} but this run has "
+                         f"{', '.join(expected['registered'])}: keep ema_decay and seraena_weight on or off as in that run")
+
+
 def save_full_state(accelerator, model, optimizer, config, micro_step: int, folder: Path) -> None:
     state = gather_full_state(accelerator, model, optimizer)
     if accelerator.is_main_process:
         torch.save(state, folder / FULL_STATE)
         topology = {"num_processes": accelerator.num_processes, "zero_stage": config.zero_stage,
                     "batch_size_per_gpu": config.batch_size_per_gpu, "micro_step": micro_step,
-                    "state_fingerprint": state_fingerprint(state)}
+                    "state_fingerprint": state_fingerprint(state), **checkpoint_contract(config)}
         (folder / TOPOLOGY).write_text(json.dumps(topology, indent=2) + "\n")
 
 

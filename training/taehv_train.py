@@ -59,6 +59,30 @@ def load_run_config(args: argparse.Namespace) -> TrainConfig:
     return config
 
 
+def check_run_folder(config: TrainConfig, resume_from: Path | None, resuming: bool) -> None:
+    """The run folder can be written; a fresh start does not land on an earlier run's checkpoints;
+    a checkpoint to resume fits this config."""
+    from training import elastic
+
+    run_dir = Path(config.output_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        raise ConfigError(f"output_dir={str(run_dir)!r} cannot be written ({error.strerror}): choose another --output-dir") from None
+    existing = complete_checkpoints(run_dir) if (run_dir / "checkpoints").is_dir() else []
+    if existing and not resuming:
+        raise ConfigError(f"{run_dir} already holds {existing[-1].name}: continue it with --resume latest, "
+                          "or choose another --output-dir (nothing was changed)")
+    if resume_from is not None:
+        try:
+            elastic.check_resumable(resume_from, config)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+
+
 def prepare_run_dir(config: TrainConfig) -> Path:
     """Rank 0 creates the run folder, writes resolved_config.json and points output/latest at it."""
     run_dir = Path(config.output_dir)
@@ -634,12 +658,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         return 2
-    run_dir = prepare_run_dir(config)
-    try:
-        resume_from = find_resume_checkpoint(args.resume, run_dir) if args.resume else None
+    try:  # refusals before anything is written or built: a user's run folder is never overwritten
+        resume_from = find_resume_checkpoint(args.resume, Path(config.output_dir)) if args.resume else None
+        check_run_folder(config, resume_from, resuming=bool(args.resume))
     except ConfigError as error:
         print(f"resume error: {error}", file=sys.stderr)
         return 2
+    run_dir = prepare_run_dir(config)
 
     from accelerate.utils import set_seed
 

@@ -1,0 +1,88 @@
+"""Rows of the bad-input matrix (docs/reliability.md) not covered where their room is tested:
+each gets one line naming the thing and the fix, before any heavy work, and nothing the user had
+is changed. The other rows live in test_config, test_launchers, test_dataset, test_taehv,
+test_training and test_latent_cache (the matrix says where)."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO_ROOT, free_port
+from training.taehv_train import main as train_main
+
+
+def launch(args, tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, "MASTER_PORT": str(free_port())}
+    return subprocess.run([str(REPO_ROOT / "train_taehv_h100.sh"), *args], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def folder_digest(folder):
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(folder)).encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+def fake_checkpoint(run_dir, step=2, **contract):
+    folder = run_dir / "checkpoints" / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    topology = {"num_processes": 1, "zero_stage": 2, "batch_size_per_gpu": 1, "micro_step": step,
+                "state_fingerprint": "0", "model_variant": "taehv", "registered": ["scheduler", "progress", "ema"], **contract}
+    (folder / "topology.json").write_text(json.dumps(topology))
+    (folder / "full_state.pt").write_bytes(b"weights the user wants to keep")
+    return folder
+
+
+@pytest.mark.slow
+def test_empty_data_folder_is_a_one_line_data_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    result = launch(["1", "test", "--output-dir", str(tmp_path / "run"), "--set", f"data_root={tmp_path / 'empty'}"], tmp_path)
+    assert result.returncode != 0
+    assert f"data error: no video files under {tmp_path / 'empty'}: check data_root / index_path" in result.stderr
+
+
+def test_output_folder_that_cannot_be_written_is_named(tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    code = train_main(["--config", "test", "--output-dir", str(blocker / "run")])
+    error = capsys.readouterr().err.strip()
+    assert code == 2 and error.count("\n") == 0
+    assert f"output_dir='{blocker / 'run'}' cannot be written (Not a directory): choose another --output-dir" in error
+
+
+def test_fresh_start_on_a_run_folder_with_checkpoints_changes_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    fake_checkpoint(run_dir)
+    (run_dir / "train.log").write_text("the earlier run's log\n")
+    before = folder_digest(run_dir)
+    result = launch(["1", "test", "--output-dir", str(run_dir)], tmp_path)
+    assert result.returncode != 0
+    assert f"{run_dir} already holds checkpoint-2: continue it with --resume latest, or choose another --output-dir" in result.stderr
+    assert folder_digest(run_dir) == before
+
+
+@pytest.mark.parametrize("contract, message", [
+    ({"model_variant": "taecvx"}, "holds a 'taecvx' student but this run has model_variant='taehv': resume with --set model_variant=taecvx"),
+    ({"registered": ["scheduler", "progress", "ema", "seraena"]},
+     "was written with scheduler, progress, ema, seraena but this run has scheduler, progress, ema: keep ema_decay and seraena_weight"),
+])
+def test_checkpoint_from_a_different_config_is_refused_before_any_work(contract, message, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    fake_checkpoint(run_dir, **contract)
+    before = folder_digest(run_dir)
+    code = train_main(["--config", "test", "--output-dir", str(run_dir), "--resume", "latest"])
+    error = capsys.readouterr().err.strip()
+    assert code == 2 and message in error and error.count("\n") == 0
+    assert folder_digest(run_dir) == before
+
+
+def test_a_folder_that_is_not_our_checkpoint_is_refused(tmp_path, capsys):
+    other = tmp_path / "downloaded_checkpoint"
+    other.mkdir()
+    code = train_main(["--config", "test", "--output-dir", str(tmp_path / "run"), "--resume", str(other)])
+    assert code == 2 and "is not a checkpoint written by this trainer (no topology.json)" in capsys.readouterr().err
