@@ -156,8 +156,12 @@ def main(argv: list[str] | None = None) -> int:
                 reused += 1
                 continue
             shard_keys = keys[split][shard * args.shard_size : (shard + 1) * args.shard_size]
-            write_shard(path, encode_shard(datasets[split], shard_keys, reference, batch_size, config.num_workers,
-                                           DTYPES[args.dtype], meta["stores_logvar"]))
+            try:
+                write_shard(path, encode_shard(datasets[split], shard_keys, reference, batch_size, config.num_workers,
+                                               DTYPES[args.dtype], meta["stores_logvar"]))
+            except (CacheError, DataFailureError) as error:
+                print(f"error on rank {rank}: {error}", file=sys.stderr, flush=True)
+                return 2
             written += 1
             print(f"rank {rank}: {split} shard {shard + 1}/{shards} written ({len(shard_keys)} clips, "
                   f"{time.perf_counter() - started:.0f} s)", flush=True)

@@ -16,9 +16,6 @@ from models.reference_vae import load_reference_vae, tiny_reference_vae_config, 
 from training.config import ConfigError, load_config
 from training.latent_cache import CachedClipDataset, shard_path
 
-pytestmark = pytest.mark.slow
-
-
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     from scripts.make_sample_videos import make_sample_videos
@@ -43,6 +40,7 @@ def cache_command(out, sets, *options, processes=1):
                           env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
 
 
+@pytest.mark.slow
 def test_two_processes_write_the_clips_and_latents_training_would_draw(setup, tmp_path):
     root, sets = setup
     result = cache_command(tmp_path / "cache", sets, "--shard-size", "2", "--epochs", "2", "--dtype", "fp32", processes=2)
@@ -73,6 +71,7 @@ def test_two_processes_write_the_clips_and_latents_training_would_draw(setup, tm
     assert not torch.allclose(first, cached[(0, 1)]["latents"])
 
 
+@pytest.mark.slow
 def test_a_partial_cache_is_refused_then_continued_with_the_missing_shards_only(setup, tmp_path):
     root, sets = setup
     out = tmp_path / "cache"
@@ -108,6 +107,7 @@ def test_a_partial_cache_is_refused_then_continued_with_the_missing_shards_only(
         load_config("test", [*sets, "ref_vae_sample_latents=true", f"latent_cache={means_only}"], num_processes=1)
 
 
+@pytest.mark.slow
 def test_training_from_the_cache_logs_the_losses_of_training_on_the_fly(setup, tmp_path):
     root, sets = setup
     sets = [*sets, "seraena_weight=0.1"]
@@ -127,3 +127,14 @@ def test_training_from_the_cache_logs_the_losses_of_training_on_the_fly(setup, t
     from_cache = train(tmp_path / "cached", [f"latent_cache={tmp_path / 'cache'}"])
     assert len(on_the_fly) == 6 and from_cache == on_the_fly
     assert "latents from the cache" in (tmp_path / "cached" / "train.log").read_text()
+
+
+def test_a_shard_that_cannot_be_written_is_a_one_line_error_and_leaves_no_temporary_file(tmp_path):
+    from training.latent_cache import CacheError, write_shard
+
+    (tmp_path / "train").write_text("a file where the split folder should be")
+    with pytest.raises(CacheError, match=r"cannot write .*shard-000000.pt .*re-run the same command"):
+        write_shard(shard_path(tmp_path, "train", 0), {"mean": torch.zeros(1)})
+    folder = tmp_path / "ok"
+    write_shard(shard_path(folder, "train", 0), {"mean": torch.zeros(1)})
+    assert [p.name for p in (folder / "train").iterdir()] == ["shard-000000.pt"]

@@ -20,6 +20,7 @@ has other windows, crops and flips of every clip. Validation samples are the cen
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 from pathlib import Path
@@ -46,10 +47,16 @@ def shard_path(folder: Path, split: str, shard: int) -> Path:
 
 def write_shard(path: Path, shard: dict) -> None:
     """Whole or not at all: a killed writer leaves a temporary file that is never read."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(path.name + ".tmp")
-    torch.save(shard, temporary)
-    temporary.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(shard, temporary)
+        temporary.replace(path)
+    except (OSError, RuntimeError) as error:  # torch.save reports a full disk as RuntimeError
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
+        raise CacheError(f"cannot write {path} ({error}): free space or fix the folder, then re-run the same "
+                         "command (it continues with the missing shards)") from None
 
 
 def read_metadata(folder: Path) -> dict:
