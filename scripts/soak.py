@@ -8,7 +8,8 @@ Faults, in a seeded random order (the first three kinds always come first):
 - checkpoint_write: SIGKILL the whole process tree while a checkpoint is being written, when its
   temporary folder exists, has its first file, or half its files (as a lost node does);
 - sigkill_rank: SIGKILL one training process (a crashed rank); torchrun tears down the rest;
-- sigterm: SIGTERM to the launcher (preemption); the run checkpoints and exits 0.
+- sigterm: SIGTERM to the launcher (preemption); the run checkpoints and exits 0;
+- sigkill_agent: SIGKILL torchrun's agent; its ranks must die with it, not train on as orphans.
 A cycle is one run folder trained to max_steps through faults; cycles repeat until --minutes
 have passed, and the last one always finishes. Every cycle is checked against one uninterrupted
 run of the same config:
@@ -16,7 +17,8 @@ run of the same config:
 - steps_lost: a restart resumed from before the newest complete checkpoint at the time of the fault;
 - loss_mismatches: a step logged a loss other than the uninterrupted run's at that step;
 - final_weights_equal: the exported weights equal the uninterrupted run's, bit for bit;
-- max_recovery_s: longest time from a fault to the next training step logged by the restart.
+- max_recovery_s: longest time from a fault to the next training step logged by the restart;
+- orphaned_processes: training processes still alive 60 s after their launcher ended.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ if str(REPO_ROOT) not in sys.path:
 
 STEP_LINE = re.compile(r"Step (\d+)/\d+ \| Loss: ([\d.]+)")
 RESUMED_LINE = re.compile(r"resumed from (\S+) at step (\d+)")
-KINDS = ("checkpoint_write", "sigterm", "sigkill_rank")
+KINDS = ("checkpoint_write", "sigterm", "sigkill_rank", "sigkill_agent")
 WRITE_MOMENTS = ("created", "first file", "half")
 
 
@@ -51,15 +53,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_run(run_dir: Path, clips: Path, max_steps: int, resume: bool) -> subprocess.Popen:
+def start_run(run_dir: Path, clips: Path, max_steps: int, resume: bool, output: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHON": sys.executable, "MASTER_PORT": str(free_port())}
     command = [str(REPO_ROOT / "train_taehv_h100.sh"), "2", "test", "--output-dir", str(run_dir), "--max-steps", str(max_steps)]
     command += ["--resume", "auto"] if resume else []
     for item in (f"data_root={clips}", "checkpointing_steps=3", "checkpoints_total_limit=2", f"validation_steps={max_steps}",
                  "log_every=1"):
         command += ["--set", item]
-    return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    with open(output, "w") as log:  # the launcher's own output, kept for diagnosis
+        return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def tree(pid: int) -> list:
@@ -83,15 +85,33 @@ def kill_tree(pid: int) -> None:
             pass
 
 
-def training_ranks(pid: int) -> list:
-    ranks = []
+def processes_of(pid: int, role: str) -> list:
+    """'rank': the training processes; 'agent': torchrun's agent (accelerate launch), whose
+    command line also names taehv_train.py."""
+    found = []
     for process in tree(pid):
         try:
-            if any("taehv_train.py" in part for part in process.cmdline()):
-                ranks.append(process)
+            command = " ".join(process.cmdline())
         except Exception:  # exited while being listed
+            continue
+        is_agent = "accelerate.commands.launch" in command
+        if "taehv_train.py" in command and is_agent == (role == "agent"):
+            found.append(process)
+    return found
+
+
+def leftovers(run_dir: Path) -> list:
+    """Processes of any earlier attempt still working on this run folder."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if "taehv_train.py" in " ".join(process.cmdline()) and str(run_dir) in process.cmdline():
+                found.append(process)
+        except Exception:
             pass
-    return ranks
+    return found
 
 
 def files_of(folder: Path) -> list[str]:
@@ -152,10 +172,10 @@ def inject(process, run_dir: Path, kind: str, rng: random.Random, expected_files
         if kind == "sigterm":
             os.kill(process.pid, signal.SIGTERM)
         else:
-            ranks = training_ranks(process.pid)
-            if not ranks:
+            targets = processes_of(process.pid, "agent" if kind == "sigkill_agent" else "rank")
+            if not targets:
                 return None
-            rng.choice(ranks).send_signal(signal.SIGKILL)
+            rng.choice(targets).send_signal(signal.SIGKILL)
     fault["at"] = time.monotonic()
     try:
         process.wait(timeout=120)
@@ -163,13 +183,18 @@ def inject(process, run_dir: Path, kind: str, rng: random.Random, expected_files
         kill_tree(process.pid)
         process.wait()
     fault["exit_code"] = process.returncode
+    # nothing of this attempt may go on working in the run folder (a restart would race with it)
+    if not wait_for(lambda: not leftovers(run_dir), 60, poll=0.2):
+        fault["orphans"] = len(leftovers(run_dir))
+        for orphan in leftovers(run_dir):
+            orphan.kill()
     fault["newest_complete_checkpoint"] = max(complete_steps(run_dir, expected_files), default=0)
     return fault
 
 
 def reference_run(work: Path, clips: Path, max_steps: int) -> dict:
     run_dir = work / "uninterrupted"
-    process = start_run(run_dir, clips, max_steps, resume=False)
+    process = start_run(run_dir, clips, max_steps, resume=False, output=work / "uninterrupted.out")
     if process.wait(timeout=900) != 0:
         raise RuntimeError(f"the uninterrupted run failed: see {run_dir / 'train.log'}")
     checkpoint = max((run_dir / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
@@ -189,7 +214,7 @@ def run_cycle(work: Path, number: int, clips: Path, max_steps: int, reference: d
     pending_fault = None
     for attempt in range(200):
         log_offset = len(log_text(run_dir))
-        process = start_run(run_dir, clips, max_steps, resume=attempt > 0)
+        process = start_run(run_dir, clips, max_steps, resume=attempt > 0, output=work / f"cycle-{number}-attempt-{attempt}.out")
         if pending_fault is not None:  # measure recovery and check what the restart resumed from
             wait_for(lambda: STEP_LINE.search(log_text(run_dir)[log_offset:]) or process.poll() is not None, 300, 0.05)
             report["max_recovery_s"] = max(report["max_recovery_s"], round(time.monotonic() - pending_fault["at"], 1))
@@ -199,7 +224,8 @@ def run_cycle(work: Path, number: int, clips: Path, max_steps: int, reference: d
                 report["half_written_checkpoints_selected"] += 1
             report["steps_lost"] += max(0, pending_fault["newest_complete_checkpoint"] - step)
             pending_fault["resumed_at_step"] = step
-            report["faults_survived"] += int(bool(STEP_LINE.search(log_text(run_dir)[log_offset:])))
+            trained_on = STEP_LINE.search(log_text(run_dir)[log_offset:]) or process.poll() == 0  # or finished at once
+            report["faults_survived"] += int(bool(trained_on))
             pending_fault = None
         fault = None
         if time.monotonic() < deadline:
@@ -208,8 +234,12 @@ def run_cycle(work: Path, number: int, clips: Path, max_steps: int, reference: d
         if fault is None:
             if process.wait(timeout=900) == 0 and (run_dir / "final" / "taehv.pth").is_file():
                 break
-            raise RuntimeError(f"cycle {number}: the run failed without an injected fault: see {run_dir / 'train.log'}")
+            raise RuntimeError(f"cycle {number}: the run failed without an injected fault: see {run_dir / 'train.log'} "
+                               f"and {work / f'cycle-{number}-attempt-{attempt}.out'}")
         report["faults_injected"] += 1
+        report["orphaned_processes"] += fault.get("orphans", 0)
+        print(f"cycle {number} attempt {attempt}: {fault['kind']} {fault.get('moment', '')} -> exit {fault['exit_code']}, "
+              f"newest complete checkpoint {fault['newest_complete_checkpoint']}", flush=True)
         report["faults"].append({"cycle": number, **{k: v for k, v in fault.items() if k != "at"}})
         pending_fault = fault
     logged = STEP_LINE.findall(log_text(run_dir))
@@ -227,7 +257,7 @@ def soak(minutes: float, seed: int, max_steps: int, work: Path) -> dict:
     reference = reference_run(work, clips, max_steps)
     report = {"minutes": minutes, "seed": seed, "max_steps": max_steps, "processes": 2, "profile": "test",
               "faults_injected": 0, "faults_survived": 0, "steps_lost": 0, "half_written_checkpoints_selected": 0,
-              "max_recovery_s": 0.0, "loss_mismatches": 0, "steps_never_logged": 0, "final_weights_equal": [],
+              "max_recovery_s": 0.0, "orphaned_processes": 0, "loss_mismatches": 0, "steps_never_logged": 0, "final_weights_equal": [],
               "cycles": 0, "faults": []}
     rng = random.Random(seed)
     kinds = list(KINDS)
@@ -238,7 +268,8 @@ def soak(minutes: float, seed: int, max_steps: int, work: Path) -> dict:
     report["wall_s"] = round(time.monotonic() - started, 1)
     report["ok"] = (report["faults_survived"] == report["faults_injected"] and report["steps_lost"] == 0
                     and report["half_written_checkpoints_selected"] == 0 and report["loss_mismatches"] == 0
-                    and report["steps_never_logged"] == 0 and all(report["final_weights_equal"]))
+                    and report["steps_never_logged"] == 0 and report["orphaned_processes"] == 0
+                    and all(report["final_weights_equal"]))
     return report
 
 

@@ -153,6 +153,8 @@ def test_production_and_ddp_files_train_with_two_cpu_processes(accelerate_file, 
     assert len(prints) == 2 and prints["0"] == prints["1"], prints  # both ranks hold the same weights
     discriminator = dict(re.findall(r"rank (\d) of 2: seraena fingerprint (\w+)", first.stdout + first.stderr))
     assert len(discriminator) == 2 and discriminator["0"] == discriminator["1"], discriminator
+    if zero != 3:  # resume is the soak's and test_elastic's subject; here once, on the ZeRO-3 file
+        return
     resumed = run([*common, "--max-steps", "4", "--resume", "latest"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "at step 2" in resumed.stdout and "Step 4/4" in resumed.stdout

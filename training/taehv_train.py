@@ -651,7 +651,23 @@ class TrainingRun:
     stopped_early: bool = False
 
 
+def die_with_launcher() -> None:
+    """A rank whose torchrun agent dies (SIGKILL, the OOM killer) would otherwise train on as an
+    orphan beside the restarted job, writing into the same run folder: ask Linux to SIGKILL this
+    process when its parent goes. The last checkpoint is the resume point either way."""
+    if sys.platform != "linux" or "LOCAL_RANK" not in os.environ:
+        return
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent went before the request took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def main(argv: list[str] | None = None) -> int:
+    die_with_launcher()
     args = parse_args(argv)
     try:
         config = load_run_config(args)
@@ -858,6 +874,8 @@ def log_training(run: TrainingRun, window: list[dict], elapsed: float, data_wait
 def finish(run: TrainingRun) -> None:
     """Export the validated weights (EMA when enabled) in the public format."""
     accelerator = run.accelerator
+    if not run.last_metrics:  # resumed at max_steps (a finished or nearly finished run): measure what is exported
+        run.last_metrics = validate(run, evaluation_model(run))
     weights = {k: v.detach().float().cpu() for k, v in current_weights(run).items()}
     taehv = accelerator.unwrap_model(run.model).taehv
     export_model(accelerator, weights, taehv, run.run_dir / "final", run.progress.step, run.last_metrics,
