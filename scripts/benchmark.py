@@ -79,8 +79,19 @@ class PhaseTimer:
         return {name: statistics.median(values[warmup:]) for name, values in self.times.items()}
 
 
+def reference_vae_module(args):
+    """The diffusers class of --ref-vae with random weights: a small config, or with --ref-vae-size
+    full the class's default config, which is the published architecture (CogVideoX-2b's VAE:
+    215.6 M parameters)."""
+    from models.reference_vae import tiny_reference_vae_config, vae_class
+
+    torch.manual_seed(0)
+    config = {} if args.ref_vae_size == "full" else tiny_reference_vae_config(args.ref_vae)
+    return vae_class(args.ref_vae)(**config)
+
+
 def phase_times(args, device: torch.device) -> dict:
-    from models.reference_vae import ReferenceVAE, tiny_reference_vae_config, vae_class
+    from models.reference_vae import ReferenceVAE
     from training.distill import SeraenaState, aligned
 
     torch.manual_seed(0)
@@ -88,7 +99,7 @@ def phase_times(args, device: torch.device) -> dict:
     optimizer = torch.optim.AdamW(student.parameters(), lr=1e-4, fused=device.type == "cuda")
     reference = None
     if args.ref_vae != "none":
-        vae = vae_class(args.ref_vae)(**tiny_reference_vae_config(args.ref_vae))
+        vae = reference_vae_module(args)
         reference = ReferenceVAE(vae.to(device), args.ref_vae, sample_latents=True)
     seraena = SeraenaState(student.latent_channels, 3e-4, 64, seed=0, rank=0, device=device, amp_dtype=None)
     video = torch.rand(args.batch, args.frames, 3, args.height, args.width, device=device)
@@ -160,7 +171,7 @@ def distillation_step_times(args, device: torch.device, data_root: Path) -> dict
     import random
     from types import SimpleNamespace
 
-    from models.reference_vae import ReferenceVAE, tiny_reference_vae_config, valid_frame_counts, vae_class
+    from models.reference_vae import ReferenceVAE, valid_frame_counts
     from training.distill import Student, compute_losses
     from training.latent_cache import CachedClipDataset
 
@@ -168,7 +179,7 @@ def distillation_step_times(args, device: torch.device, data_root: Path) -> dict
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
         torch.manual_seed(0)
-        vae = vae_class(args.ref_vae)(**tiny_reference_vae_config(args.ref_vae))
+        vae = reference_vae_module(args)
         vae.save_pretrained(str(folder / "vae"))
         command = [sys.executable, "-m", "scripts.cache_latents", "cpu", "--out", str(folder / "cache"), "--shard-size", "64"]
         for item in (f"data_root={data_root}", "use_ref_vae=true", f"ref_vae_family={args.ref_vae}", f"ref_vae_path={folder / 'vae'}",
@@ -274,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--ref-vae", default="cogvideox", choices=("cogvideox", "hunyuan", "wan", "none"))
+    parser.add_argument("--ref-vae-size", choices=("small", "full"), default="small",
+                        help="small random config, or the published architecture (random weights)")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile (slow to compile on CPU)")
     parser.add_argument("--skip-launches", action="store_true", help="in-process measurements only")
     parser.add_argument("--data-root", type=Path, default=REPO_ROOT / "data" / "synthetic")
@@ -292,8 +305,9 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "shape": {"batch": args.batch, "frames": args.frames, "height": args.height, "width": args.width, "variant": args.variant},
         "phases_s": phases,
-        "reference_vae": {"family": args.ref_vae, "frames": reference_frames,
-                          "weights": "random, small config of the real diffusers class (models/reference_vae.py)"},
+        "reference_vae": {"family": args.ref_vae, "frames": reference_frames, "size": args.ref_vae_size,
+                          "parameters": sum(p.numel() for p in reference_vae_module(args).parameters()) if args.ref_vae != "none" else 0,
+                          "weights": "random (speed only), the real diffusers class"},
         "student_flops_per_step": flops,
         "achieved_flops_per_s": achieved,
         "measured_peak_flops_per_s": peak,

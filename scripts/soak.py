@@ -4,7 +4,7 @@ kill it again and again the way clusters do, restart with --resume auto, and che
     python -m scripts.soak --minutes 10 --json soak.json      # the documented run (docs/reliability.md)
     python -m scripts.soak --minutes 1.5 --json soak.json     # the CI form (tests/test_soak.py)
 
-Faults, in a seeded random order (the first three kinds always come first):
+Faults, in a seeded random order after one of each kind in the order below:
 - checkpoint_write: SIGKILL the whole process tree while a checkpoint is being written, when its
   temporary folder exists, has its first file, or half its files (as a lost node does);
 - sigkill_rank: SIGKILL one training process (a crashed rank); torchrun tears down the rest;
@@ -41,7 +41,7 @@ if str(REPO_ROOT) not in sys.path:
 
 STEP_LINE = re.compile(r"Step (\d+)/\d+ \| Loss: ([\d.]+)")
 RESUMED_LINE = re.compile(r"resumed from (\S+) at step (\d+)")
-KINDS = ("checkpoint_write", "sigterm", "sigkill_rank", "sigkill_agent")
+KINDS = ("checkpoint_write", "sigkill_agent", "sigterm", "sigkill_rank")
 WRITE_MOMENTS = ("created", "first file", "half")
 
 
