@@ -28,8 +28,8 @@ def test_production_profiles_have_the_values_users_run():
     expected = {  # profile: (processes, ZeRO, batch/GPU, accumulation, global batch, LR, NCCL timeout)
         "1gpu_h100": (1, 2, 8, 16, 128, 1e-4, 1800),
         "h100": (8, 2, 8, 2, 128, 1e-4, 3600),
-        "16gpu_h100": (16, 3, 8, 1, 128, 1e-4, 7200),
-        "64gpu_h100": (64, 3, 4, 1, 256, 2e-4, 14400),
+        "16gpu_h100": (16, 2, 8, 1, 128, 1e-4, 7200),
+        "64gpu_h100": (64, 2, 4, 1, 256, 2e-4, 14400),
         "a800": (8, 2, 2, 8, 128, 1e-4, 3600),
     }
     for profile, values in expected.items():
