@@ -2,6 +2,7 @@
 skip with a reason when it is absent, so a fresh clone passes."""
 
 import json
+import os
 import socket
 from pathlib import Path
 
@@ -35,3 +36,12 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture(autouse=True)
+def test_process_keeps_normal_scheduling():
+    """Some encoders (SVT-AV1 as root) switch their process to real-time scheduling; every later
+    subprocess would inherit it and busy-waiting ranks would starve each other on a small machine."""
+    yield
+    if hasattr(os, "sched_getscheduler"):
+        assert os.sched_getscheduler(0) == os.SCHED_OTHER, "this test left the test process on real-time scheduling"

@@ -243,23 +243,32 @@ def test_preview_tool_json(tmp_path, sample_clips):
     assert len(list((tmp_path / "strips").glob("*.png"))) == 8
 
 
+ENCODE_RED_HALF = """
+import sys, av, numpy as np
+path, encoder, pix_fmt = sys.argv[1:]
+frames = np.zeros((12, 64, 96, 3), np.uint8)
+frames[:, :, :48] = (200, 40, 40)
+with av.open(path, mode="w") as container:
+    stream = container.add_stream(encoder, rate=24)
+    stream.height, stream.width, stream.pix_fmt = 64, 96, pix_fmt
+    stream.options = {"x265-params": "log-level=error"} if encoder == "libx265" else {"preset": "12"}
+    for array in frames:
+        for packet in stream.encode(av.VideoFrame.from_ndarray(array, format="rgb24")):
+            container.mux(packet)
+    for packet in stream.encode():
+        container.mux(packet)
+"""
+
+
 @pytest.mark.parametrize("encoder, pix_fmt", [("libx265", "yuv420p10le"), ("libx265", "yuv420p"), ("libsvtav1", "yuv420p"),
                                              ("libsvtav1", "yuv420p10le")])
 def test_hevc_and_av1_at_8_and_10_bits_decode_to_uint8_rgb(tmp_path, encoder, pix_fmt):
     if encoder not in av.codecs_available:
         pytest.skip(f"this PyAV build has no {encoder} encoder")
     path = tmp_path / "clip.mkv"
-    frames = np.zeros((12, 64, 96, 3), np.uint8)
-    frames[:, :, :48] = (200, 40, 40)
-    with av.open(str(path), mode="w") as container:
-        stream = container.add_stream(encoder, rate=24)
-        stream.height, stream.width, stream.pix_fmt = 64, 96, pix_fmt
-        stream.options = {"x265-params": "log-level=error"} if encoder == "libx265" else {"preset": "12"}
-        for array in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(array, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
+    # In its own process: SVT-AV1 running as root switches its process to SCHED_FIFO 99, which
+    # every later subprocess of this test session would inherit (busy-waiting ranks then starve).
+    subprocess.run([sys.executable, "-c", ENCODE_RED_HALF, str(path), encoder, pix_fmt], check=True, timeout=120)
     with av.open(str(path)) as container:
         assert container.streams.video[0].codec_context.pix_fmt == pix_fmt
     dataset = VideoClipDataset(read_index(tmp_path), ClipSpec(8, 32, 48, 1, 1))
