@@ -231,7 +231,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def loop_samples_per_second(args, processes: int, accelerate_file: str, data_root: Path) -> float | None:
+def loop_samples_per_second(args, processes: int, accelerate_file: str, data_root: Path, extra_sets: tuple = ()) -> float | None:
     """Run our launcher and read train/samples_per_second back from its TensorBoard file."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -245,6 +245,8 @@ def loop_samples_per_second(args, processes: int, accelerate_file: str, data_roo
                            ("accelerate_config", accelerate_file), ("log_every", 5), ("validation_steps", steps),
                            ("checkpointing_steps", steps), ("warmup_steps", 1)):
             command += ["--set", f"{key}={value}"]
+        for item in extra_sets:
+            command += ["--set", item]
         result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1800)
         if result.returncode != 0:
             print(result.stderr[-2000:], file=sys.stderr)

@@ -687,23 +687,30 @@ def main(argv: list[str] | None = None) -> int:
     if torch.cuda.is_available():  # TF32 matmuls and convolutions on Ampere and newer (H100, A800)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+    try:  # data problems show before process groups, DeepSpeed and the model are set up
+        train_dataset, validation_dataset = build_datasets(config)
+        rank = int(os.environ.get("RANK", "0"))  # what accelerate's process_index will be
+        loader, sampler = build_train_loader(config, train_dataset, rank, config.num_processes)
+    except (DataFailureError, IndexFormatError) as error:
+        print(f"data error: {error}", file=sys.stderr, flush=True)
+        return 3
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if torch.cuda.is_available() else torch.device("cpu")
+    try:  # a reference VAE that cannot load is a one-line error, before DeepSpeed starts
+        reference_vae = build_reference_vae(config, device)
+    except RuntimeError as error:
+        print(f"reference VAE error: {error}", file=sys.stderr, flush=True)
+        return 2
     accelerator = build_accelerator(config, run_dir)
     set_seed(config.seed)  # the same initial weights on every rank
     model = build_model(config)
     set_seed(config.seed, device_specific=True)  # per-rank randomness from here on
-    try:
-        train_dataset, validation_dataset = build_datasets(config)
-        loader, sampler = build_train_loader(config, train_dataset, accelerator.process_index, accelerator.num_processes)
-    except (DataFailureError, IndexFormatError) as error:
-        print(f"data error: {error}", file=sys.stderr, flush=True)
-        return 3
     optimizer, scheduler = build_optimizer(config, model)
     model, optimizer = accelerator.prepare(model, optimizer)
     check_deepspeed_batch(accelerator, config)
     ema = WeightEMA(full_state_dict(accelerator, model), config.ema_decay, accelerator.device) if config.ema_decay > 0 else None
     run = TrainingRun(
         config, run_dir, accelerator, RunLog(run_dir, accelerator.is_main_process), model, optimizer, scheduler,
-        loader, sampler, validation_dataset, build_reference_vae(config, accelerator.device),
+        loader, sampler, validation_dataset, reference_vae,
         build_seraena(config, accelerator, accelerator.unwrap_model(model).taehv.latent_channels), ema,
         build_lpips(config, accelerator.device), FailureTracker(config.max_failed_fraction), Progress(),
     )
