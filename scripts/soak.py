@@ -24,7 +24,6 @@ run of the same config:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import re
@@ -39,18 +38,13 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from scripts.benchmark import free_port  # noqa: E402
+from scripts.results import emit_result  # noqa: E402
+
 STEP_LINE = re.compile(r"Step (\d+)/\d+ \| Loss: ([\d.]+)")
 RESUMED_LINE = re.compile(r"resumed from (\S+) at step (\d+)")
 KINDS = ("checkpoint_write", "sigkill_agent", "sigterm", "sigkill_rank")
 WRITE_MOMENTS = ("created", "first file", "half")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_run(run_dir: Path, clips: Path, max_steps: int, resume: bool, output: Path) -> subprocess.Popen:
@@ -287,10 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         with tempfile.TemporaryDirectory() as work:
             report = soak(args.minutes, args.seed, args.max_steps, Path(work))
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    emit_result(report, args.json)
     return 0 if report["ok"] else 1
 
 
