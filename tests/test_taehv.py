@@ -4,6 +4,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from conftest import REFERENCE
+
 from models.taehv import (
     VARIANTS,
     TAEHV,
@@ -13,6 +15,8 @@ from models.taehv import (
     run_sequential,
     write_model_info,
 )
+
+SPEC_PATH = REFERENCE / "taehv_state_dict_spec.json"
 
 # Published parameter counts (reference README / spec); checked even when ../shared is absent.
 PUBLISHED_PARAMS = {
@@ -50,37 +54,49 @@ def test_parameter_count_matches_published(variant):
     assert parameter_count(TAEHV(variant)) == PUBLISHED_PARAMS[variant]
 
 
-def test_state_dict_keys_and_shapes_match_spec(taehv_spec):
-    for variant, entry in taehv_spec.items():
-        model = TAEHV(variant, **spec_kwargs(entry))
-        shapes = {k: list(v.shape) for k, v in model.state_dict().items()}
-        assert shapes == entry["state_dict"], variant
-        assert (model.t_downscale, model.t_upscale, model.frames_to_trim) == (
-            entry["t_downscale"],
-            entry["t_upscale"],
-            entry["frames_to_trim"],
-        )
+def spec_variants() -> list:
+    """One case per variant of the reference spec; those models/taehv.py does not build yet are
+    expected failures (strict: the mark must go when they are added)."""
+    if not SPEC_PATH.is_file():
+        return [pytest.param(None, marks=pytest.mark.skip(reason=f"{SPEC_PATH} not present (../shared is optional)"))]
+    return [pytest.param(v, marks=pytest.mark.xfail(v not in VARIANTS, strict=True, raises=ValueError,
+                                                    reason="variant of the 2026 spec not implemented yet (issue 16)"))
+            for v in json.loads(SPEC_PATH.read_text())]
 
 
+@pytest.mark.parametrize("variant", spec_variants())
+def test_state_dict_keys_and_shapes_match_spec(taehv_spec, variant):
+    entry = taehv_spec[variant]
+    model = TAEHV(variant, **spec_kwargs(entry))
+    shapes = {k: list(v.shape) for k, v in model.state_dict().items()}
+    assert shapes == entry["state_dict"], variant
+    assert (model.t_downscale, model.t_upscale, model.frames_to_trim) == (
+        entry["t_downscale"],
+        entry["t_upscale"],
+        entry["frames_to_trim"],
+    )
+
+
+@pytest.mark.parametrize("variant", spec_variants())
 @pytest.mark.parametrize("suffix", [".pth", ".safetensors"])
-def test_spec_shaped_file_loads_strict_with_and_without_variant(taehv_spec, tmp_path, suffix):
-    for variant, entry in taehv_spec.items():
-        state_dict = random_state_dict(entry["state_dict"])
-        path = tmp_path / f"{variant}{suffix}"
-        if suffix == ".pth":
-            torch.save(state_dict, path)
-        else:
-            save_file(state_dict, str(path))
-        named = TAEHV.from_pretrained(path, variant=variant)
-        inferred = TAEHV.from_pretrained(path)
-        for model in (named, inferred):
-            loaded = model.state_dict()
-            assert all(torch.equal(loaded[k], v) for k, v in state_dict.items()), variant
-        assert (inferred.patch_size, inferred.latent_channels, inferred.args.decoder_kind) == (
-            named.patch_size,
-            named.latent_channels,
-            named.args.decoder_kind,
-        )
+def test_spec_shaped_file_loads_strict_with_and_without_variant(taehv_spec, tmp_path, suffix, variant):
+    entry = taehv_spec[variant]
+    state_dict = random_state_dict(entry["state_dict"])
+    path = tmp_path / f"{variant}{suffix}"
+    if suffix == ".pth":
+        torch.save(state_dict, path)
+    else:
+        save_file(state_dict, str(path))
+    named = TAEHV.from_pretrained(path, variant=variant)
+    inferred = TAEHV.from_pretrained(path)
+    for model in (named, inferred):
+        loaded = model.state_dict()
+        assert all(torch.equal(loaded[k], v) for k, v in state_dict.items()), variant
+    assert (inferred.patch_size, inferred.latent_channels, inferred.args.decoder_kind) == (
+        named.patch_size,
+        named.latent_channels,
+        named.args.decoder_kind,
+    )
 
 
 def test_mismatched_file_names_expected_variant_and_first_difference(tmp_path):
