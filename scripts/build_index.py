@@ -21,6 +21,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from training.dataset import ClipError, probe_video, scan_videos
+from training.prepare_once import unique_temporary
 
 
 def file_signature(path: Path) -> tuple[int, int]:
@@ -52,7 +53,7 @@ def read_jsonl(path: Path) -> dict[str, dict]:
 
 
 def write_jsonl(path: Path, records: list[dict]) -> None:
-    temporary = path.with_name(path.name + ".tmp")
+    temporary = unique_temporary(path)
     with open(temporary, "w") as handle:
         for record in records:
             handle.write(json.dumps(record) + "\n")

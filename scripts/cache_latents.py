@@ -25,6 +25,7 @@ import torch
 from training.config import ConfigError, load_config
 from training.dataset import DataFailureError, IndexFormatError, collate_clips
 from training.latent_cache import DTYPES, FORMAT_VERSION, SPLITS, CacheError, shard_path, write_shard
+from training.prepare_once import unique_temporary
 
 SETTINGS = ("ref_vae_family", "ref_vae_path", "height", "width", "n_frames", "min_frame_delta", "max_frame_delta",
             "horizontal_flip", "short_clip_policy", "seed", "data_root", "index_path", "validation_fraction")
@@ -184,7 +185,7 @@ def finish(out: Path, meta: dict) -> None:
             for reason, _ in torch.load(path, mmap=True, weights_only=True)["skipped"]:
                 skipped[reason] = skipped.get(reason, 0) + 1
     meta = {**meta, "complete": True, "skipped_draws": skipped}
-    temporary = out / "cache.json.tmp"
+    temporary = unique_temporary(out / "cache.json")
     temporary.write_text(json.dumps(meta, indent=2) + "\n")
     temporary.replace(out / "cache.json")
     samples = {split: meta["splits"][split]["samples"] for split in SPLITS}

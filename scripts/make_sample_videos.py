@@ -19,6 +19,7 @@ from pathlib import Path
 
 import av
 import numpy as np
+from training.prepare_once import mark_prepared, unique_temporary
 
 SIZES = ((96, 128), (128, 96), (96, 96), (80, 144), (112, 160))  # (height, width)
 FRAME_RATES = (24, 25, 30)
@@ -86,8 +87,8 @@ def render_clip(seed: int, n_frames: int, height: int, width: int) -> np.ndarray
 
 
 def write_clip(path: Path, frames: np.ndarray, fps: int) -> None:
-    temporary = path.with_name(path.stem + ".partial" + path.suffix)
-    with av.open(str(temporary), mode="w") as container:
+    temporary = unique_temporary(path)  # hidden, no video suffix: a concurrent scan never reads it
+    with av.open(str(temporary), mode="w", format="mp4") as container:
         stream = container.add_stream("libx264", rate=fps)
         stream.height, stream.width = frames.shape[1:3]
         stream.pix_fmt = "yuv420p"
@@ -101,7 +102,8 @@ def write_clip(path: Path, frames: np.ndarray, fps: int) -> None:
 
 
 def make_sample_videos(out: Path, count: int = 128, seed: int = 0, n_frames: int = 40) -> list[Path]:
-    """Writes the clips that are missing and (re)writes index.jsonl; existing clips are kept."""
+    """Writes the clips that are missing and (re)writes index.jsonl; existing clips are kept.
+    Not safe for several processes at once on one folder: training goes through prepare_once."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     records, paths = [], []
@@ -116,9 +118,10 @@ def make_sample_videos(out: Path, count: int = 128, seed: int = 0, n_frames: int
         paths.append(path)
         records.append({"path": path.name, "frames": frames, "fps": fps, "duration": round(frames / fps, 4),
                         "width": width, "height": height, "rotation": 0, "codec": "h264"})
-    temporary = out / "index.jsonl.tmp"
+    temporary = unique_temporary(out / "index.jsonl")
     temporary.write_text("".join(json.dumps(r) + "\n" for r in records))
     temporary.replace(out / "index.jsonl")
+    mark_prepared(out)  # training with synthetic_data=true uses a prepared folder as it is
     return paths
 
 

@@ -29,6 +29,7 @@ import torch
 from torch.utils.data import Dataset
 
 from training.dataset import ClipError, DataFailureError, describe_skips, read_frames, resize_and_crop
+from training.prepare_once import unique_temporary
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "validation")
@@ -47,7 +48,7 @@ def shard_path(folder: Path, split: str, shard: int) -> Path:
 
 def write_shard(path: Path, shard: dict) -> None:
     """Whole or not at all: a killed writer leaves a temporary file that is never read."""
-    temporary = path.with_name(path.name + ".tmp")
+    temporary = unique_temporary(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(shard, temporary)
