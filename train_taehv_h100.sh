@@ -35,8 +35,9 @@ EOF
 
 if [[ -t 1 ]]; then RED=$'\e[31m'; GREEN=$'\e[32m'; BOLD=$'\e[1m'; RESET=$'\e[0m'; else RED=""; GREEN=""; BOLD=""; RESET=""; fi
 die() { echo "${RED}error:${RESET} $*" >&2; exit 2; }
-# A dry run starts nothing: machine problems are reported as warnings there, errors otherwise.
-machine_problem() { if (( DRY_RUN )); then echo "warning: $*" >&2; else die "$*"; fi; }
+# A dry run starts nothing: machine problems are listed in its plan as warnings, errors otherwise.
+MACHINE_WARNINGS=()
+machine_problem() { if (( DRY_RUN )); then MACHINE_WARNINGS+=("$*"); else die "$*"; fi; }
 
 # ---------------------------------------------------------------- arguments
 [[ $# -ge 1 && ( "$1" == "-h" || "$1" == "--help" ) ]] && { usage; exit 0; }
@@ -88,7 +89,19 @@ esac
 CPU_PROFILE=0
 [[ "$PROFILE" == "cpu" || "$PROFILE" == "test" ]] && CPU_PROFILE=1
 
-# The run folder: --output-dir; else the run being resumed; else a new output/<timestamp>.
+[[ -n "$MAX_STEPS" ]] && SETS+=("max_steps=$MAX_STEPS")
+SET_ARGS=(); for item in "${SETS[@]+"${SETS[@]}"}"; do SET_ARGS+=(--set "$item"); done
+
+# ---------------------------------------------------------------- resolve and validate (no training yet)
+# A dry run checks the inputs (weights, reference VAE, data, LPIPS) after the plan and lists them all.
+PATH_CHECK=(); (( DRY_RUN )) && PATH_CHECK=(--no-check-paths)
+RESOLVED="$("$PYTHON" -m training.config "$CONFIG" --num-processes "$TOTAL_PROCESSES" \
+  "${SET_ARGS[@]+"${SET_ARGS[@]}"}" "${PATH_CHECK[@]+"${PATH_CHECK[@]}"}" --shell)" || exit 2
+eval "$RESOLVED"
+[[ -f "$ACCELERATE_CONFIG_FILE" ]] || die "accelerate file not found: $ACCELERATE_CONFIG_FILE"
+
+# The run folder: --output-dir; else the config's output_dir; else the run being resumed; else a new output/<timestamp>.
+[[ -z "$OUTPUT_DIR" && -n "$CONFIG_OUTPUT_DIR" ]] && OUTPUT_DIR="$CONFIG_OUTPUT_DIR"
 if [[ -z "$OUTPUT_DIR" && ( "$RESUME" == "latest" || "$RESUME" == "auto" ) ]]; then
   [[ -e output/latest ]] || die "--resume $RESUME without --output-dir needs output/latest: no earlier run found"
   OUTPUT_DIR="output/$(readlink output/latest)"
@@ -97,14 +110,6 @@ elif [[ -z "$OUTPUT_DIR" && -n "$RESUME" ]]; then
   OUTPUT_DIR="$(dirname "$(dirname "$RESUME")")"
 fi
 [[ -z "$OUTPUT_DIR" ]] && OUTPUT_DIR="output/$(date +%Y%m%d_%H%M%S)"
-[[ -n "$MAX_STEPS" ]] && SETS+=("max_steps=$MAX_STEPS")
-SET_ARGS=(); for item in "${SETS[@]+"${SETS[@]}"}"; do SET_ARGS+=(--set "$item"); done
-
-# ---------------------------------------------------------------- resolve and validate (no training yet)
-RESOLVED="$("$PYTHON" -m training.config "$CONFIG" --num-processes "$TOTAL_PROCESSES" \
-  --set "output_dir=$OUTPUT_DIR" "${SET_ARGS[@]+"${SET_ARGS[@]}"}" --shell)" || exit 2
-eval "$RESOLVED"
-[[ -f "$ACCELERATE_CONFIG_FILE" ]] || die "accelerate file not found: $ACCELERATE_CONFIG_FILE"
 
 # Collectives time out later on bigger jobs: at least 30 minutes per node.
 if (( NUM_MACHINES > 1 && CONFIG_NCCL_TIMEOUT_S < 1800 * NUM_MACHINES )); then
@@ -118,6 +123,11 @@ else
   VISIBLE_GPUS="$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)"
   (( VISIBLE_GPUS >= NGPU )) || machine_problem "asked for $NGPU GPUs but $VISIBLE_GPUS are visible (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-unset}); lower NGPU or free GPUs"
   GPU_IDS="${CUDA_VISIBLE_DEVICES:-$(seq -s, 0 $((NGPU - 1)))}"
+fi
+# DeepSpeed without a GPU builds its shared-memory op (deepspeed_shm_comm) with a C++ compiler on
+# first use; say so now rather than after a page of ninja output.
+if (( CPU_PROFILE && CONFIG_ZERO_STAGE > 0 )) && ! command -v "${CXX:-c++}" >/dev/null; then
+  machine_problem "accelerate_config=$(basename "$ACCELERATE_CONFIG_FILE") runs DeepSpeed on CPU, which compiles a C++ op at start, but no C++ compiler (${CXX:-c++}) was found: use the default ddp_cpu.yaml, or install g++ and ninja"
 fi
 if [[ "$MACHINE_RANK" == "0" ]]; then
   "$PYTHON" - "$MASTER_PORT" <<'PY' || machine_problem "master port $MASTER_PORT is busy: set MASTER_PORT to a free port"
@@ -168,7 +178,9 @@ ${BOLD}TAEHV training${RESET}
   accelerate file  $ACCELERATE_CONFIG_FILE (ZeRO $CONFIG_ZERO_STAGE, $CONFIG_MIXED_PRECISION)
   processes        $NGPU per machine x $NUM_MACHINES machine(s) = $TOTAL_PROCESSES (this is machine $MACHINE_RANK)
   GPUs             $GPU_IDS
-  global batch     $CONFIG_GLOBAL_BATCH
+  global batch     $CONFIG_GLOBAL_BATCH clips = $CONFIG_BATCH_PER_GPU per process x $TOTAL_PROCESSES processes x $CONFIG_ACCUMULATION accumulation steps
+  clip             $CONFIG_CLIP
+  steps            $CONFIG_MAX_STEPS
   master           $MASTER_ADDR:$MASTER_PORT
   run folder       $OUTPUT_DIR
   resume           ${RESUME:-no}
@@ -180,25 +192,39 @@ if (( DRY_RUN )); then
   for name in "${ENV_NAMES[@]+"${ENV_NAMES[@]}"}"; do echo "  $name=${!name}"; done
   echo "command:"
   printf ' %q' "${LAUNCH[@]}"; echo
+  CONFIG_ARGS=("$CONFIG" --num-processes "$TOTAL_PROCESSES" --set "output_dir=$OUTPUT_DIR" "${SET_ARGS[@]+"${SET_ARGS[@]}"}" --quiet)
   echo "resolved config:"
-  "$PYTHON" -m training.config "$CONFIG" --num-processes "$TOTAL_PROCESSES" \
-    --set "output_dir=$OUTPUT_DIR" "${SET_ARGS[@]+"${SET_ARGS[@]}"}"
-  echo "${GREEN}dry run: nothing started${RESET}"
-  exit 0
+  "$PYTHON" -m training.config "${CONFIG_ARGS[@]}" --no-check-paths
+  echo "machine:"
+  for warning in "${MACHINE_WARNINGS[@]+"${MACHINE_WARNINGS[@]}"}"; do echo "  warning: $warning"; done
+  (( ${#MACHINE_WARNINGS[@]} )) || echo "  ok"
+  echo "inputs:"
+  if "$PYTHON" -m training.config "${CONFIG_ARGS[@]}" --list-input-problems; then
+    echo "  ok: every file and folder the config names is there"
+    echo "${GREEN}dry run: nothing started${RESET}"
+    exit 0
+  fi
+  echo "${RED}dry run: inputs are missing (listed above, each with its fix); nothing started${RESET}"
+  exit 1
 fi
 
-# Preemption (SIGTERM/SIGINT): forward it; the trainer finishes the step, writes a checkpoint and
-# leaves <run>/STOPPED_CLEANLY. torch's launcher reports its own SIGTERM as a failure, so the
-# marker decides: a clean stop exits 0.
+# Preemption or Ctrl-C (SIGTERM/SIGINT/SIGHUP): the ranks finish the step, write a checkpoint and
+# leave <run>/STOPPED_CLEANLY. The agent (torchrun) runs in its own process group, so a Ctrl-C
+# reaches only this script, which passes SIGTERM to the ranks (the agent's children): the agent
+# then sees its workers exit 0 and ends quietly instead of printing a traceback.
 rm -f "$OUTPUT_DIR/STOPPED_CLEANLY"
-"${LAUNCH[@]}" &
+"$PYTHON" -c 'import os, sys; os.setpgid(0, 0); os.execvp(sys.argv[1], sys.argv[1:])' "${LAUNCH[@]}" &
 CHILD=$!
-trap 'kill -TERM "$CHILD" 2>/dev/null || true' TERM INT
+stop_training() {
+  pkill -TERM -P "$CHILD" 2>/dev/null || kill -TERM "$CHILD" 2>/dev/null || true
+}
+trap stop_training TERM INT HUP
 STATUS=0
 wait "$CHILD" || STATUS=$?
 while kill -0 "$CHILD" 2>/dev/null; do STATUS=0; wait "$CHILD" || STATUS=$?; done
 if [[ -f "$OUTPUT_DIR/STOPPED_CLEANLY" ]]; then
-  echo "stopped cleanly: $(cat "$OUTPUT_DIR/STOPPED_CLEANLY"); continue with --resume latest"
+  RESUME_COMMAND="$0 $NGPU $PROFILE${CONFIG_PATH:+ $CONFIG_PATH} --output-dir $OUTPUT_DIR --resume latest"
+  echo "stopped cleanly: checkpoint $OUTPUT_DIR/checkpoints/$(cat "$OUTPUT_DIR/STOPPED_CLEANLY"); continue with: $RESUME_COMMAND"
   exit 0
 fi
 exit "$STATUS"

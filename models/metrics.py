@@ -161,10 +161,11 @@ def find_lpips_weights(backbone_path: str = "", heads_path: str = "") -> tuple[P
     hub = Path(torch.hub.get_dir()) / "checkpoints"
     backbone = Path(backbone_path) if backbone_path else hub / BACKBONE_FILE
     heads = Path(heads_path) if heads_path else hub / HEADS_FILE
-    for path, what in ((backbone, f"AlexNet backbone ({BACKBONE_FILE})"), (heads, f"LPIPS heads ({HEADS_FILE})")):
-        if not path.is_file():
-            raise LPIPSUnavailable(f"LPIPS {what} not found at {path}: copy it there, or pass its path "
-                                   "(lpips_backbone_path / lpips_weights_path in the config, --lpips-* in inference.py)")
+    missing = [f"{what} not found at {path}" for path, what in
+               ((backbone, f"AlexNet backbone ({BACKBONE_FILE})"), (heads, f"LPIPS heads ({HEADS_FILE})")) if not path.is_file()]
+    if missing:
+        raise LPIPSUnavailable(f"LPIPS {' and '.join(missing)}: copy {'them' if len(missing) > 1 else 'it'} there, or pass "
+                               "the paths (lpips_backbone_path / lpips_weights_path in the config, --lpips-* in inference.py)")
     return backbone, heads
 
 

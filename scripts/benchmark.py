@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         result["distillation"] = distillation_step_times(args, device, args.data_root)
         result["cache_vs_student_only"] = result["distillation"].get("cache_vs_student_only")
     if not args.skip_launches:
-        ours = loop_samples_per_second(args, 1, "deepspeed_cpu.yaml", args.data_root)
+        ours = loop_samples_per_second(args, 1, "ddp_cpu.yaml", args.data_root)  # the cpu profile's default
         result["our_loop_step_s"] = args.batch / ours if ours else None
         result["overhead_vs_bare"] = (args.batch / ours) / phases["bare_step"] if ours else None
         result["strategies_samples_per_second"] = {

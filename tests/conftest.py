@@ -3,6 +3,7 @@ skip with a reason when it is absent, so a fresh clone passes."""
 
 import json
 import os
+import shutil
 import socket
 from pathlib import Path
 
@@ -12,6 +13,13 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED = REPO_ROOT.parent / "shared"
 REFERENCE = SHARED / "reference"
 SAMPLE_VIDEOS = SHARED / "data" / "videos"
+
+
+# DeepSpeed without a GPU compiles its shared-memory op with the C++ compiler torch uses (CXX or c++).
+needs_compiler = pytest.mark.skipif(
+    shutil.which(os.environ.get("CXX", "c++")) is None,
+    reason="DeepSpeed on CPU compiles a C++ op: no C++ compiler (CXX or c++) on PATH",
+)
 
 
 def load_reference_json(name: str) -> dict:

@@ -31,7 +31,7 @@ def folder_digest(folder):
 def fake_checkpoint(run_dir, step=2, **contract):
     folder = run_dir / "checkpoints" / f"checkpoint-{step}"
     folder.mkdir(parents=True)
-    topology = {"num_processes": 1, "zero_stage": 2, "batch_size_per_gpu": 1, "micro_step": step,
+    topology = {"num_processes": 1, "zero_stage": 0, "batch_size_per_gpu": 1, "micro_step": step,
                 "state_fingerprint": "0", "model_variant": "taehv", "registered": ["scheduler", "progress", "ema"], **contract}
     (folder / "topology.json").write_text(json.dumps(topology))
     (folder / "full_state.pt").write_bytes(b"weights the user wants to keep")

@@ -12,8 +12,10 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO_ROOT, free_port
+from conftest import REPO_ROOT, free_port, needs_compiler
 from scripts.make_sample_videos import make_sample_videos
+
+pytestmark = needs_compiler  # every test here runs DeepSpeed on CPU
 
 
 @pytest.fixture(scope="module")

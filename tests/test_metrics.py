@@ -78,7 +78,8 @@ def test_lpips_is_zero_for_equal_inputs_grows_with_distortion_and_only_inputs_ge
 
 def test_missing_lpips_files_name_the_path_and_the_fix(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "hub"))
-    with pytest.raises(LPIPSUnavailable, match=r"alexnet-owt-7be5be79.pth\) not found at .*hub.*: copy it there"):
+    with pytest.raises(LPIPSUnavailable, match=r"alexnet-owt-7be5be79.pth\) not found at .*hub.* and LPIPS heads .* not found "
+                       r"at .*: copy them there"):
         find_lpips_weights()
     backbone, heads = save_random_lpips_weights(tmp_path / "hub" / "hub" / "checkpoints")
     assert find_lpips_weights() == (backbone, heads)  # the torch hub cache is searched by default

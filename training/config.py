@@ -17,6 +17,7 @@ import dataclasses
 import difflib
 import importlib.util
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +46,7 @@ class TrainConfig:
     # --- run -----------------------------------------------------------------------------------
     output_dir: str = option("", "run folder; empty = output/<timestamp>/ with output/latest pointing at it")
     seed: int = option(42, "global random seed (each rank derives its own from it)")
-    supported_num_gpus: tuple = option((8,), "process counts this profile is written for (launcher checks NGPU)")
+    supported_num_gpus: tuple = option((8,), "process counts this profile is written for (launcher checks NGPU); () = any")
     accelerate_config: str = option("deepspeed_8gpu.yaml", "file in accelerate_configs/: topology and ZeRO stage")
     # --- model ---------------------------------------------------------------------------------
     model_variant: str = option("taecvx", "TAEHV variant of the student (models/taehv.py VARIANTS)")
@@ -55,7 +56,7 @@ class TrainConfig:
     # --- reference VAE -------------------------------------------------------------------------
     use_ref_vae: bool = option(True, "distill from a reference VAE; False = autoencoder mode (no downloads)")
     ref_vae_family: str = option("cogvideox", "reference VAE family: cogvideox, hunyuan or wan")
-    ref_vae_path: str = option("pretrained/CogVideoX-2b", "local diffusers folder or hub id (subfolder vae)")
+    ref_vae_path: str = option("pretrained/CogVideoX-2b", "local diffusers folder, or hub id already in the Hugging Face cache (subfolder vae)")
     ref_vae_sample_latents: bool = option(True, "use latent_dist.sample() (True) or its mean (False)")
     ref_vae_tiling: bool = option(False, "enable the reference VAE's tiled encode (saves memory, slower)")
     latent_cache: str = option("", "folder written by scripts/cache_latents.py: read reference latents from it instead "
@@ -63,7 +64,7 @@ class TrainConfig:
     # --- data ----------------------------------------------------------------------------------
     data_root: str = option("data/videos", "folder the clip paths are relative to (or scanned when no index)")
     index_path: str = option("", "annotation JSON, JSONL or CSV index; empty = scan data_root")
-    synthetic_data: bool = option(False, "generate synthetic sample clips into data_root when it is absent")
+    synthetic_data: bool = option(False, "generate synthetic sample clips into data_root unless it holds a prepared set (one process writes, others wait)")
     height: int = option(480, "crop height in pixels (multiple of 8 x patch size)")
     width: int = option(720, "crop width in pixels (multiple of 8 x patch size)")
     n_frames: int = option(9, "frames per training clip (cogvideox 8k+1, hunyuan/wan 4k+1, autoencoder 4k)")
@@ -137,21 +138,31 @@ def available_profiles() -> list[str]:
     return sorted(p.stem for p in PROFILE_DIR.glob("*.py") if not p.stem.startswith("_"))
 
 
-def _read_python_config(path: Path) -> tuple[dict, str | None]:
+def _read_python_config(path: Path, notes: list[str] | None = None) -> tuple[dict, str | None]:
     spec = importlib.util.spec_from_file_location(f"taehv_config_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
     except Exception as error:
         raise ConfigError(f"config file {path} does not run: {type(error).__name__}: {error}") from error
+    if hasattr(module, "args") and not hasattr(module, "overrides"):  # old-style `args = EasyDict()` file
+        from training.legacy_config import legacy_overrides
+
+        if hasattr(module, "base_profile"):
+            raise ConfigError(f"config file {path}: an old-style `args` file starts from the base values; drop base_profile")
+        overrides, legacy_notes = legacy_overrides(module.args, source=f"config file {path}")
+        if notes is not None:
+            notes.extend(legacy_notes)
+        return overrides, None
     overrides = getattr(module, "overrides", None)
     if not isinstance(overrides, dict):
         raise ConfigError(f"config file {path} must define `overrides = dict(key=value, ...)`")
     return dict(overrides), getattr(module, "base_profile", None)
 
 
-def profile_overrides(profile_or_path: str) -> tuple[dict, str]:
-    """Deltas of a shipped profile or a custom file, on top of its `base_profile` when it names one."""
+def profile_overrides(profile_or_path: str, notes: list[str] | None = None) -> tuple[dict, str]:
+    """Deltas of a shipped profile or a custom file, on top of its `base_profile` when it names one.
+    An old-style `args` file is converted (training/legacy_config.py); `notes` receives what changed."""
     if profile_or_path in available_profiles():
         path = PROFILE_DIR / f"{profile_or_path}.py"
     else:
@@ -161,7 +172,7 @@ def profile_overrides(profile_or_path: str) -> tuple[dict, str]:
                 f"unknown profile or missing config file {profile_or_path!r}; "
                 f"profiles: {', '.join(available_profiles())}; or give the path of a .py config file"
             )
-    overrides, base = _read_python_config(path)
+    overrides, base = _read_python_config(path, notes)
     if base is not None:
         if base not in available_profiles() or base == path.stem and path.parent == PROFILE_DIR:
             raise ConfigError(f"{path}: base_profile {base!r} is not another of {', '.join(available_profiles())}")
@@ -236,7 +247,7 @@ def load_config(
         values[key] = _check_type(key, value, source)
     values.update(parse_set_arguments(overrides or []))
     config = TrainConfig(**values)
-    config.num_processes = num_processes if num_processes is not None else config.supported_num_gpus[0]
+    config.num_processes = num_processes if num_processes is not None else (config.supported_num_gpus or (1,))[0]
     validate(config, check_paths=check_paths)
     resolve(config)
     return config
@@ -300,7 +311,7 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
             f"use_ref_vae=False (autoencoder mode) has no reference latents: set encoder_weight=0 and decoder_weight=0 "
             f"(got {c.encoder_weight} and {c.decoder_weight})"
         )
-    if c.num_processes not in c.supported_num_gpus:
+    if c.supported_num_gpus and c.num_processes not in c.supported_num_gpus:
         raise ConfigError(
             f"this profile supports {', '.join(map(str, c.supported_num_gpus))} processes, got {c.num_processes}: "
             "pick the profile for your GPU count or use `custom`"
@@ -320,37 +331,83 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
         check_required_paths(c)
 
 
-def check_required_paths(c: TrainConfig) -> None:
-    """Existing paths for the keys that need them, named with their key."""
-    if c.pretrained_model_path and not Path(c.pretrained_model_path).is_file():
-        raise ConfigError(f"pretrained_model_path={c.pretrained_model_path!r} does not exist: fix the path or set it to '' to train from scratch")
+def hub_model_is_cached(model_id: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return any(isinstance(try_to_load_from_cache(model_id, name), str) for name in ("vae/config.json", "config.json"))
+
+
+def input_problems(c: TrainConfig) -> list[str]:
+    """Every missing or unreadable input the config points at, one line each with its fix (the dry
+    run lists them all; a launch stops at the first)."""
+    problems = []
+
+    def unreadable(path: Path, folder: bool = False) -> bool:
+        return not os.access(path, os.R_OK | (os.X_OK if folder else 0))
+
+    if c.pretrained_model_path:
+        path = Path(c.pretrained_model_path)
+        if not path.is_file():
+            problems.append(f"pretrained_model_path={c.pretrained_model_path!r} does not exist: copy the public weights "
+                            "there (e.g. checkpoints/taecvx.pth), fix the path, or set it to '' to train from scratch")
+        elif unreadable(path):
+            problems.append(f"pretrained_model_path={c.pretrained_model_path!r} cannot be read: fix its permissions")
     if c.latent_cache:
         from training.latent_cache import CacheError, check_compatible
 
         if not c.use_ref_vae:
-            raise ConfigError("latent_cache is set but use_ref_vae=false: a cache holds reference latents; set use_ref_vae=true")
-        try:
-            check_compatible(Path(c.latent_cache), c)
-        except CacheError as error:
-            raise ConfigError(str(error)) from None
-    elif c.use_ref_vae and not Path(c.ref_vae_path).exists() and not HUB_ID.match(c.ref_vae_path):
-        raise ConfigError(f"ref_vae_path={c.ref_vae_path!r} is neither a local folder nor a hub id: fix the path")
-    if not c.synthetic_data and not Path(c.data_root).is_dir():
-        raise ConfigError(f"data_root={c.data_root!r} is not a folder: fix the path (or set synthetic_data=true)")
-    if c.index_path and not Path(c.index_path).is_file():
-        raise ConfigError(f"index_path={c.index_path!r} does not exist: fix the path or set it to '' to scan data_root")
+            problems.append("latent_cache is set but use_ref_vae=false: a cache holds reference latents; set use_ref_vae=true")
+        else:
+            try:
+                check_compatible(Path(c.latent_cache), c)
+            except CacheError as error:
+                problems.append(str(error))
+    elif c.use_ref_vae:
+        folder = Path(c.ref_vae_path)
+        if folder.is_dir():
+            if not (folder / "config.json").is_file() and not (folder / "vae" / "config.json").is_file():
+                problems.append(f"ref_vae_path={c.ref_vae_path!r} holds no config.json (nor vae/config.json): point it at "
+                                f"the diffusers {c.ref_vae_family} pipeline folder or its vae/ subfolder")
+        elif not HUB_ID.match(c.ref_vae_path):
+            problems.append(f"ref_vae_path={c.ref_vae_path!r} is neither a local folder nor a hub id: copy the diffusers "
+                            f"{c.ref_vae_family} pipeline there, or fix the path")
+        elif not hub_model_is_cached(c.ref_vae_path):  # every rank of every node would download it at start
+            problems.append(f"ref_vae_path={c.ref_vae_path!r} is no local folder and not in the Hugging Face cache: copy "
+                            f"the diffusers {c.ref_vae_family} pipeline there, or download it once on each node "
+                            f"(huggingface-cli download {c.ref_vae_path} --include 'vae/*')")
+    if not c.synthetic_data:
+        root = Path(c.data_root)
+        if not root.is_dir():
+            problems.append(f"data_root={c.data_root!r} is not a folder: fix the path (or set synthetic_data=true)")
+        elif unreadable(root, folder=True):
+            problems.append(f"data_root={c.data_root!r} cannot be read: fix its permissions")
+    if c.index_path:
+        if not Path(c.index_path).is_file():
+            problems.append(f"index_path={c.index_path!r} does not exist: build it with scripts/build_index.py, "
+                            "fix the path, or set it to '' to scan data_root")
+        elif unreadable(Path(c.index_path)):
+            problems.append(f"index_path={c.index_path!r} cannot be read: fix its permissions")
     for key in ("lpips_weights_path", "lpips_backbone_path"):
         if getattr(c, key) and not Path(getattr(c, key)).is_file():
-            raise ConfigError(f"{key}={getattr(c, key)!r} does not exist: fix the path")
+            problems.append(f"{key}={getattr(c, key)!r} does not exist: fix the path")
     needs_lpips = [f"{k}={getattr(c, k)}" for k in ("perceptual_weight", "best_metric")
                    if (k == "perceptual_weight" and c.perceptual_weight > 0) or (k == "best_metric" and "lpips" in c.best_metric)]
-    if needs_lpips:
+    if needs_lpips and not any(p.startswith("lpips_") for p in problems):
         from models.metrics import LPIPSUnavailable, find_lpips_weights
 
         try:
             find_lpips_weights(c.lpips_backbone_path, c.lpips_weights_path)
         except LPIPSUnavailable as error:
-            raise ConfigError(f"{' and '.join(needs_lpips)} needs LPIPS weights: {error}") from None
+            problems.append(f"{' and '.join(needs_lpips)} needs LPIPS weights: {error}")
+    return problems
+
+
+def check_required_paths(c: TrainConfig) -> None:
+    """The first input problem as a one-line ConfigError, with the count of the others."""
+    problems = input_problems(c)
+    if problems:
+        more = f" (and {len(problems) - 1} more: --dry-run lists them all)" if len(problems) > 1 else ""
+        raise ConfigError(problems[0] + more)
 
 
 def read_accelerate_file(accelerate_config: str) -> dict:
@@ -405,7 +462,9 @@ def configuration_markdown() -> str:
     ]
     for f in dataclasses.fields(TrainConfig):
         lines.append(f"| `{f.name}` | {type(f.default).__name__} | `{f.default!r}` | {f.metadata['help']} |")
-    return "\n".join(lines) + "\n"
+    from training.legacy_config import legacy_markdown
+
+    return "\n".join(lines + legacy_markdown()) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -420,6 +479,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--no-check-paths", action="store_true", help="skip the existence checks of paths")
     parser.add_argument("--shell", action="store_true", help="print KEY=value lines for the launchers")
+    parser.add_argument("--list-input-problems", action="store_true",
+                        help="print every missing or unreadable input with its fix (exit 1 if any) instead of the config")
+    parser.add_argument("--quiet", action="store_true", help="do not repeat the notes on an old-style config file")
     parser.add_argument("--markdown", action="store_true", help="print docs/configuration.md")
     args = parser.parse_args(argv)
     if args.markdown:
@@ -428,11 +490,20 @@ def main(argv: list[str] | None = None) -> int:
     if not args.profile:
         parser.error("a profile or config file is required")
     try:
-        config = load_config(args.profile, args.overrides, args.num_processes, check_paths=not args.no_check_paths)
-        _, source = profile_overrides(args.profile)
+        config = load_config(args.profile, args.overrides, args.num_processes,
+                             check_paths=not (args.no_check_paths or args.list_input_problems))
+        legacy_notes: list[str] = []
+        _, source = profile_overrides(args.profile, legacy_notes)
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         return 2
+    for note in [] if args.quiet else legacy_notes:  # an old-style `args` file: what was renamed, adjusted or dropped
+        print(f"legacy config: {note}", file=sys.stderr)
+    if args.list_input_problems:
+        problems = input_problems(config)
+        for problem in problems:
+            print(f"  missing: {problem}")
+        return 1 if problems else 0
     if args.shell:
         shell_values = {
             "CONFIG_SOURCE": source,
@@ -441,6 +512,10 @@ def main(argv: list[str] | None = None) -> int:
             "CONFIG_MIXED_PRECISION": config.mixed_precision,
             "CONFIG_NCCL_TIMEOUT_S": config.nccl_timeout_s,
             "CONFIG_GLOBAL_BATCH": config.global_batch_size,
+            "CONFIG_BATCH_PER_GPU": config.batch_size_per_gpu,
+            "CONFIG_ACCUMULATION": config.gradient_accumulation_steps,
+            "CONFIG_CLIP": f"{config.n_frames} frames of {config.height}x{config.width} ({config.latent_frames} latent frames)",
+            "CONFIG_MAX_STEPS": config.max_steps,
             "CONFIG_OUTPUT_DIR": config.output_dir,
             "CONFIG_DATA_ROOT": config.data_root,
             "CONFIG_PRETRAINED": config.pretrained_model_path,
@@ -454,4 +529,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # the importable module's main: training/legacy_config.py raises training.config.ConfigError, not __main__'s
+    from training.config import main as module_main
+
+    raise SystemExit(module_main())

@@ -208,10 +208,12 @@ def build_datasets(config: TrainConfig):
 
         return tuple(CachedClipDataset(Path(config.latent_cache), split, data_root, config.ref_vae_sample_latents, config.seed)
                      for split in ("train", "validation"))
-    if config.synthetic_data and not data_root.is_dir():
+    if config.synthetic_data:  # one process generates what is missing, the others wait for it
         from scripts.make_sample_videos import make_sample_videos
+        from training.prepare_once import prepare_once
 
-        make_sample_videos(data_root, seed=0)
+        prepare_once(data_root, lambda: make_sample_videos(data_root, seed=0), "synthetic sample clips",
+                     log=lambda text: print(text, flush=True))
     train_index, validation_index = read_index(config.index_path or data_root, data_root).split(config.validation_fraction)
     spec = ClipSpec(config.n_frames, config.height, config.width, config.min_frame_delta, config.max_frame_delta,
                     config.horizontal_flip, loop_short_clips=config.short_clip_policy == "loop")
@@ -869,12 +871,13 @@ def log_training(run: TrainingRun, window: list[dict], elapsed: float, data_wait
         "train/lr": run.scheduler.get_last_lr()[0],
         "train/samples_per_second": len(window) * config.batch_size_per_gpu * accelerator.num_processes / elapsed,
         "train/data_wait_fraction": data_wait / elapsed,
-        "train/gpu_memory_gb": memory_gb(accelerator.device),
+        "train/peak_memory_gb": memory_gb(accelerator.device),
     })
     scalars.update(skip_counts(accelerator, run.failures))
     accelerator.log(scalars, step=step)
+    memory = "GPU" if accelerator.device.type == "cuda" else "RSS"  # peak allocated on the GPU, peak resident on the host
     run.log.line(f"Step {step}/{config.max_steps} | Loss: {scalars['train/loss']:.4f} | "
-                 f"PSNR: {scalars.get('train/psnr', float('nan')):.2f} dB | GPU: {scalars['train/gpu_memory_gb']:.1f}GB | "
+                 f"PSNR: {scalars.get('train/psnr', float('nan')):.2f} dB | {memory}: {scalars['train/peak_memory_gb']:.1f}GB | "
                  f"{len(window) / config.gradient_accumulation_steps / elapsed:.2f} steps/sec")
 
 

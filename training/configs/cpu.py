@@ -9,7 +9,7 @@ a short EMA, and 15% of 128 clips held out."""
 
 overrides = dict(
     supported_num_gpus=(1, 2),
-    accelerate_config="deepspeed_cpu.yaml",
+    accelerate_config="ddp_cpu.yaml",
     model_variant="taehv",
     pretrained_model_path="",
     use_ref_vae=False,
