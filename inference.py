@@ -9,6 +9,8 @@
 checkpoint folder (checkpoints/checkpoint-N: its EMA weights), or a public-format .pth /
 .safetensors file (--variant when neither the file nor a model_info.json beside it can tell).
 --videos: files, folders, or an index (JSONL/CSV/annotation JSON) in the data pipeline's formats.
+--held-out-of RUN: instead of --videos, the clips training run RUN held out from its data (the
+    demo evaluates itself with `--held-out-of output/latest`).
 --native: each clip at its own size, rounded down to a multiple of 8 x the variant's patch size.
 
 Writes to --out: report.json (layout in docs/evaluation.md), report.md, per clip a side-by-side
@@ -71,6 +73,24 @@ def clip_paths(sources: list[str]) -> list[Path]:
         else:
             paths.append(path)
     return paths
+
+
+def held_out_clips(run: Path) -> list[Path]:
+    """The clips a training run held out (its resolved_config.json: data_root, index_path and
+    validation_fraction, split by the same stable rule as training/dataset.py)."""
+    path = run / "resolved_config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"--held-out-of {run}: no resolved_config.json in it; give a run folder (output/latest)")
+    config = json.loads(path.read_text())
+    data_root = Path(config["data_root"])
+    source = Path(config["index_path"]) if config.get("index_path") else data_root
+    if not source.exists():
+        raise FileNotFoundError(f"--held-out-of {run}: its data ({source}) is not here; run from the folder it trained "
+                                "in, or pass --videos")
+    if config.get("latent_cache"):
+        raise ValueError(f"--held-out-of {run}: the run read a latent cache; pass its held-out clips with --videos")
+    _, validation = read_index(source, data_root).split(config["validation_fraction"])
+    return [validation.path(i) for i in range(len(validation))]
 
 
 def native_size(path: Path, multiple: int) -> tuple[int, int]:
@@ -257,6 +277,11 @@ def write_markdown(path: Path, report: dict) -> None:
                       ("reference_round_trip", "reference VAE round trip")):
         if key in mean:
             lines.append(f"| {name} | {number(mean[key]['psnr'])} | {number(mean[key]['ssim'], 4)} | {number(mean[key]['lpips'], 4)} |")
+    if mean["per_position_psnr"]:
+        positions = mean["per_position_psnr"]
+        lines += ["", f"Student round trip, PSNR over all decoded frames: {number(mean['frame_mean_psnr'])} dB; by frame position:",
+                  "", "| " + " | ".join(str(t) for t in range(len(positions))) + " |", "|---" * len(positions) + "|",
+                  "| " + " | ".join(number(v, 1) for v in positions) + " |"]
     if mean["lpips"] is None:
         lines += ["", f"LPIPS: unavailable ({report['lpips_unavailable']})."]
     lines += ["", "| clip | status | frames | PSNR (dB) | SSIM | LPIPS |", "|---|---|---|---|---|---|"]
@@ -273,6 +298,17 @@ def write_markdown(path: Path, report: dict) -> None:
                          f"{number(speed['decode_frames_per_second'])} | {number(speed['peak_gpu_memory_gb'])} |")
     lines += ["", "Pictures: `<clip>.mp4` (input | reconstruction | error x4), `contact_sheet.png`, `per_frame_psnr.png`.", ""]
     path.write_text("\n".join(lines))
+
+
+def frame_position_means(clips: list[dict]) -> dict:
+    """PSNR averaged over every decoded frame of every clip, and by frame position (temporal slot)
+    over the positions all clips have: an untrained slot of the decoder shows as one low position."""
+    if not clips:
+        return {"frame_mean_psnr": None, "per_position_psnr": []}
+    every_frame = [value for clip in clips for value in clip["per_frame_psnr"]]
+    positions = min(len(clip["per_frame_psnr"]) for clip in clips)
+    by_position = [sum(clip["per_frame_psnr"][t] for clip in clips) / len(clips) for t in range(positions)]
+    return {"frame_mean_psnr": sum(every_frame) / len(every_frame), "per_position_psnr": [round(v, 4) for v in by_position]}
 
 
 def mean_of(clips: list[dict], key: str | None = None) -> dict:
@@ -293,7 +329,8 @@ def parse_args(argv: list[str] | None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--variant", help="TAEHV variant, when the weights alone cannot tell")
-    parser.add_argument("--videos", nargs="+", required=True)
+    parser.add_argument("--videos", nargs="+", default=[], help="clip files, folders or indexes")
+    parser.add_argument("--held-out-of", type=Path, metavar="RUN", help="evaluate the clips that training run held out")
     parser.add_argument("--num-samples", type=int, help="evaluate at most this many clips")
     parser.add_argument("--frames", type=int, default=17, help="frames per clip (the reference family's rule applies)")
     parser.add_argument("--stride", type=int, default=1, help="take every K-th frame")
@@ -314,6 +351,8 @@ def parse_args(argv: list[str] | None):
 
 def check_args(args) -> str | None:
     """A one-line problem with the arguments, found before any model or video is loaded."""
+    if bool(args.videos) == bool(args.held_out_of):
+        return "give --videos or --held-out-of RUN (one of them)"
     if args.ref_vae and not args.ref_vae_path:
         return "--ref-vae needs --ref-vae-path (a local diffusers folder or a hub id)"
     if args.ref_vae:
@@ -336,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             raise ValueError(problem)
         student, weights = load_student(args.model, args.variant)
+        paths = clip_paths(args.videos) if args.videos else held_out_clips(args.held_out_of)
         reference = None
         if args.ref_vae:
             from models.reference_vae import load_reference_vae
@@ -357,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     if reference is not None:
         speeds["reference"] = Speed(device)
 
-    paths = clip_paths(args.videos)[: args.num_samples]
+    paths = paths[: args.num_samples]
     clips, panels, start = [], [], time.perf_counter()
     progress = paths
     if sys.stderr.isatty():
@@ -385,13 +425,14 @@ def main(argv: list[str] | None = None) -> int:
         clips.append(clip)
     evaluated = [c for c in clips if c["status"] == "ok"]
     mean = mean_of(evaluated) if evaluated else {"mse": None, "psnr": None, "ssim": None, "lpips": None}
+    mean.update(frame_position_means(evaluated))
     if reference is not None and evaluated:
         mean["decode_reference_latents"] = mean_of(evaluated, "decode_reference_latents")
         mean["reference_round_trip"] = mean_of(evaluated, "reference_round_trip")
     report = {
         "model": {"path": str(weights), "variant": student.variant, "args": student.args.to_json_dict(),
                   "code_version": code_version()},
-        "inputs": {"videos": args.videos, "clips_found": len(paths), "frames": args.frames, "stride": args.stride,
+        "inputs": {"videos": args.videos or f"held out by {args.held_out_of}", "clips_found": len(paths), "frames": args.frames, "stride": args.stride,
                    "height": args.height, "width": args.width, "native": args.native, "streaming": args.streaming,
                    "device": str(device), "dtype": args.dtype, "reference_vae": args.ref_vae,
                    "reference_vae_path": args.ref_vae_path},
@@ -412,8 +453,14 @@ def main(argv: list[str] | None = None) -> int:
     for clip in clips:
         detail = f"{clip['psnr']:.2f} dB" if clip["status"] == "ok" else f"skipped: {clip['reason']}"
         print(f"{detail:24s} {clip['path']}")
-    print(f"{len(evaluated)} of {len(clips)} clips evaluated; mean PSNR {number(mean['psnr'])} dB, "
-          f"SSIM {number(mean['ssim'], 4)}, LPIPS {number(mean['lpips'], 4)}; report {args.out / 'report.md'}")
+    print(f"{len(evaluated)} of {len(clips)} clips evaluated; mean PSNR {number(mean['psnr'])} dB "
+          f"(over all decoded frames {number(mean['frame_mean_psnr'])} dB), SSIM {number(mean['ssim'], 4)}, "
+          f"LPIPS {number(mean['lpips'], 4)}")
+    if mean["per_position_psnr"]:
+        print("PSNR by frame position: " + " ".join(f"{v:.1f}" for v in mean["per_position_psnr"]) + " dB")
+    print(f"report: {args.out / 'report.md'} (and report.json)")
+    if panels:
+        print(f"contact sheet: {args.out / 'contact_sheet.png'}; per-frame plot: {args.out / 'per_frame_psnr.png'}")
     return 0 if evaluated else 1
 
 

@@ -116,6 +116,13 @@ if (( NUM_MACHINES > 1 && CONFIG_NCCL_TIMEOUT_S < 1800 * NUM_MACHINES )); then
   SETS+=("nccl_timeout_s=$((1800 * NUM_MACHINES))"); SET_ARGS+=(--set "nccl_timeout_s=$((1800 * NUM_MACHINES))")
 fi
 
+# GPU memory: an estimate per rank (training/memory.py) against gpu_memory_gb, before any GPU is touched.
+MEMORY_ARGS=("$CONFIG" --num-processes "$TOTAL_PROCESSES" "${SET_ARGS[@]+"${SET_ARGS[@]}"}" --quiet --no-check-paths --memory)
+(( CPU_PROFILE )) || MEMORY_ARGS+=(--check-gpu-budget)
+if (( ! DRY_RUN && ! CPU_PROFILE )); then
+  "$PYTHON" -m training.config "${MEMORY_ARGS[@]}" >/dev/null || exit 2
+fi
+
 # ---------------------------------------------------------------- machine checks
 if (( CPU_PROFILE )); then
   GPU_IDS="none (CPU profile)"
@@ -145,16 +152,11 @@ if (( CPU_PROFILE )); then
   setenv OMP_NUM_THREADS "$(( $(nproc) / NGPU > 0 ? $(nproc) / NGPU : 1 ))"
 else
   setenv OMP_NUM_THREADS 8
+  # fewer fragmentation OOMs when clip shapes or the validation batch differ from training's
   setenv PYTORCH_CUDA_ALLOC_CONF "expandable_segments:True"
+  # a timed-out NCCL collective (step_timeout_s) tears the process down instead of hanging it
   setenv TORCH_NCCL_ASYNC_ERROR_HANDLING 1
-  setenv NCCL_P2P_DISABLE 0
-  setenv NCCL_IB_DISABLE 0
-  if (( NUM_MACHINES > 1 )); then
-    setenv NCCL_BUFFSIZE 8388608
-    setenv NCCL_IB_TIMEOUT 22
-    setenv NCCL_CROSS_NIC 0
-  fi
-  [[ "$PROFILE" == "a800" ]] && setenv NCCL_P2P_LEVEL NVL
+  # NCCL's own defaults otherwise: no buffer size, IB timeout, P2P or cross-NIC setting was measured here
 fi
 if (( DEBUG )); then
   setenv NCCL_DEBUG INFO
@@ -195,12 +197,18 @@ if (( DRY_RUN )); then
   CONFIG_ARGS=("$CONFIG" --num-processes "$TOTAL_PROCESSES" --set "output_dir=$OUTPUT_DIR" "${SET_ARGS[@]+"${SET_ARGS[@]}"}" --quiet)
   echo "resolved config:"
   "$PYTHON" -m training.config "${CONFIG_ARGS[@]}" --no-check-paths
+  echo "memory (estimated per rank; training/memory.py, docs/performance.md):"
+  "$PYTHON" -m training.config "${MEMORY_ARGS[@]}" 2>&1 || MEMORY_PROBLEM=1
   echo "machine:"
   for warning in "${MACHINE_WARNINGS[@]+"${MACHINE_WARNINGS[@]}"}"; do echo "  warning: $warning"; done
   (( ${#MACHINE_WARNINGS[@]} )) || echo "  ok"
   echo "inputs:"
   if "$PYTHON" -m training.config "${CONFIG_ARGS[@]}" --list-input-problems; then
     echo "  ok: every file and folder the config names is there"
+    if (( ${MEMORY_PROBLEM:-0} )); then
+      echo "${RED}dry run: the estimated GPU memory exceeds gpu_memory_gb (above, with the fix); nothing started${RESET}"
+      exit 1
+    fi
     echo "${GREEN}dry run: nothing started${RESET}"
     exit 0
   fi
@@ -212,19 +220,30 @@ fi
 # leave <run>/STOPPED_CLEANLY. The agent (torchrun) runs in its own process group, so a Ctrl-C
 # reaches only this script, which passes SIGTERM to the ranks (the agent's children): the agent
 # then sees its workers exit 0 and ends quietly instead of printing a traceback.
-rm -f "$OUTPUT_DIR/STOPPED_CLEANLY"
+rm -f "$OUTPUT_DIR/STOPPED_CLEANLY" "$OUTPUT_DIR/FINISHED"
 "$PYTHON" -c 'import os, sys; os.setpgid(0, 0); os.execvp(sys.argv[1], sys.argv[1:])' "${LAUNCH[@]}" &
 CHILD=$!
 stop_training() {
+  SIGNALLED=1; SIGNALLED_EVER=1
   pkill -TERM -P "$CHILD" 2>/dev/null || kill -TERM "$CHILD" 2>/dev/null || true
 }
+SIGNALLED_EVER=0
 trap stop_training TERM INT HUP
-STATUS=0
-wait "$CHILD" || STATUS=$?
-while kill -0 "$CHILD" 2>/dev/null; do STATUS=0; wait "$CHILD" || STATUS=$?; done
+# A trapped signal makes `wait` return 128+signal at once, even when the child has just finished
+# on its own (a preemption racing the end of the run): wait again for the child's own status.
+while :; do
+  SIGNALLED=0; STATUS=0
+  wait "$CHILD" || STATUS=$?
+  (( SIGNALLED && STATUS > 128 )) || break
+done
 if [[ -f "$OUTPUT_DIR/STOPPED_CLEANLY" ]]; then
   RESUME_COMMAND="$0 $NGPU $PROFILE${CONFIG_PATH:+ $CONFIG_PATH} --output-dir $OUTPUT_DIR --resume latest"
   echo "stopped cleanly: checkpoint $OUTPUT_DIR/checkpoints/$(cat "$OUTPUT_DIR/STOPPED_CLEANLY"); continue with: $RESUME_COMMAND"
+  exit 0
+fi
+# A stop that came after the run had exported its final weights (the agent was tearing down): done.
+if (( STATUS != 0 && SIGNALLED_EVER )) && [[ -f "$OUTPUT_DIR/FINISHED" ]]; then
+  echo "finished before the stop request: $OUTPUT_DIR/final"
   exit 0
 fi
 exit "$STATUS"

@@ -1,4 +1,5 @@
-"""Synthetic sample clips: the dataset of the `cpu` profile and of the tests on a fresh clone.
+"""Synthetic sample clips: the dataset of the tests, and of the `cpu` profile when the real sample
+clips (scripts/make_real_clips.py) cannot be made.
 
     python -m scripts.make_sample_videos --out data/synthetic [--count 128] [--seed 0]
 
@@ -121,7 +122,7 @@ def make_sample_videos(out: Path, count: int = 128, seed: int = 0, n_frames: int
     temporary = unique_temporary(out / "index.jsonl")
     temporary.write_text("".join(json.dumps(r) + "\n" for r in records))
     temporary.replace(out / "index.jsonl")
-    mark_prepared(out)  # training with synthetic_data=true uses a prepared folder as it is
+    mark_prepared(out)  # training with sample_data=synthetic uses a prepared folder as it is
     return paths
 
 

@@ -103,8 +103,8 @@ def check_data(report: Report, config) -> None:
 
     root = Path(config.data_root)
     if not root.is_dir():
-        status = "WARN" if config.synthetic_data else "FAIL"
-        report.add(status, "dataset", f"{root} absent" + (" (synthetic clips are made at start)" if config.synthetic_data else ""))
+        status = "WARN" if config.sample_data else "FAIL"
+        report.add(status, "dataset", f"{root} absent" + (f" ({config.sample_data} sample clips are made at start)" if config.sample_data else ""))
         return
     try:
         index = read_index(config.index_path or root, root)

@@ -27,7 +27,7 @@ def test_every_profile_resolves_for_each_supported_process_count():
 
 def test_production_profiles_have_the_values_users_run():
     expected = {  # profile: (processes, ZeRO, batch/GPU, accumulation, global batch, LR, NCCL timeout)
-        "1gpu_h100": (1, 2, 8, 16, 128, 1e-4, 1800),
+        "1gpu_h100": (1, 2, 4, 32, 128, 1e-4, 1800),
         "h100": (8, 2, 8, 2, 128, 1e-4, 3600),
         "16gpu_h100": (16, 2, 8, 1, 128, 1e-4, 7200),
         "64gpu_h100": (64, 2, 4, 1, 256, 2e-4, 14400),
@@ -58,6 +58,10 @@ def test_production_profiles_have_the_values_users_run():
         (["model_variant=taehv1_5", "height=472"], "multiple of 16 for taehv1_5"),
         (["zero_stage=3"], "derived key"),
         (["perceptual_weight=-1"], "perceptual_weight=-1.0 must not be negative"),
+        (["sample_data=yes"], "sample_data='yes': choose one of , real, synthetic"),
+        (["use_ref_vae=false", "encoder_weight=0", "decoder_weight=0", "seraena_weight=0", "n_frames=4"],
+         "n_frames=4 gives 1 latent frame: the decoder's temporal layers would not train; use 8 or more "
+         "(or set image_only=true for an image autoencoder)"),
     ],
 )
 def test_bad_values_fail_with_the_key_named(overrides, message):
@@ -65,6 +69,13 @@ def test_bad_values_fail_with_the_key_named(overrides, message):
         load_config("h100", overrides, check_paths=False)
     assert message in str(error.value)
     assert "\n" not in str(error.value)
+
+
+def test_one_latent_frame_trains_only_when_image_only_says_so():
+    image = load_config("cpu", ["n_frames=4", "image_only=true"], 1, check_paths=False)
+    assert image.latent_frames == 1
+    for profile in ("cpu", "test"):  # the embedded defaults train every temporal slot
+        assert load_config(profile, [], 1, check_paths=False).latent_frames >= 2
 
 
 def vae_folder(tmp_path):

@@ -16,7 +16,7 @@ from models.metrics import psnr, save_random_lpips_weights, ssim
 from models.reference_vae import tiny_reference_vae_config, vae_class
 from models.taehv import TAEHV
 from scripts.make_sample_videos import make_sample_videos
-from training.dataset import read_clip, resize_and_crop
+from training.dataset import read_clip, read_index, resize_and_crop
 
 
 @pytest.fixture(scope="module")
@@ -177,3 +177,28 @@ def test_native_size_rounds_down_to_the_patch_grid(setup, tmp_path):
     if "nasa_13013.mp4" in by_name:
         assert (by_name["nasa_13013.mp4"]["height"], by_name["nasa_13013.mp4"]["width"]) == (176, 320)
         assert by_name["rotated_90.mov"]["status"] == "skipped" and by_name["rotated_90.mov"]["reason"] == "too_short"
+
+
+def test_held_out_clips_of_a_run_by_frame_position(setup, tmp_path):
+    """`--held-out-of RUN` evaluates what that run held out (the demo's self-evaluation), and the
+    report gives PSNR over all decoded frames and by frame position (temporal slot)."""
+    root, videos, run = setup
+    _, validation = read_index(videos).split(json.loads((run / "resolved_config.json").read_text())["validation_fraction"])
+    expected = sorted(str(validation.path(i)) for i in range(len(validation)))
+    result = run_inference("--model", str(run), "--held-out-of", str(run), "--frames", "8", "--height", "32",
+                           "--width", "32", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert sorted(c["path"] for c in report["clips"]) == expected and expected
+    ok = [c for c in report["clips"] if c["status"] == "ok"]
+    every_frame = [v for c in ok for v in c["per_frame_psnr"]]
+    assert report["mean"]["frame_mean_psnr"] == pytest.approx(sum(every_frame) / len(every_frame))
+    positions = report["mean"]["per_position_psnr"]
+    assert len(positions) == 5  # 8 frames = 2 latents, 5 frames back
+    assert positions[0] == pytest.approx(sum(c["per_frame_psnr"][0] for c in ok) / len(ok), abs=1e-3)
+    assert "by frame position" in (tmp_path / "report.md").read_text()
+    assert "PSNR by frame position:" in result.stdout and f"contact sheet: {tmp_path / 'contact_sheet.png'}" in result.stdout
+    missing = run_inference("--model", str(run), "--held-out-of", str(videos), "--out", str(tmp_path / "x"))
+    assert missing.returncode == 2 and "no resolved_config.json" in missing.stderr
+    neither = run_inference("--model", str(run), "--out", str(tmp_path / "y"))
+    assert neither.returncode == 2 and "give --videos or --held-out-of RUN" in neither.stderr

