@@ -55,7 +55,9 @@ def load_student(model: Path, variant: str | None) -> tuple[TAEHV, Path]:
         for name in ("taehv.safetensors", "taehv.pth"):
             if (folder / name).is_file():
                 return TAEHV.from_pretrained(folder / name, variant=variant), folder / name
-    if any(model.glob("custom_checkpoint_*.pkl")):  # a training checkpoint: its EMA weights
+    from training.checkpoints import is_checkpoint_folder
+
+    if is_checkpoint_folder(model):  # a training checkpoint: its EMA weights
         from scripts.convert_checkpoint import checkpoint_model
 
         return checkpoint_model(model, "ema", variant), model

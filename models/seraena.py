@@ -66,6 +66,7 @@ class ReplayBuffer:
         self.rng = rng
         self.fakes: list[torch.Tensor] = []
         self.contexts: list[torch.Tensor] = []
+        self.copied = None  # CUDA event of the last asynchronous device-to-host copy
 
     def __len__(self) -> int:
         return len(self.fakes)
@@ -77,22 +78,42 @@ class ReplayBuffer:
         return fakes, contexts.detach().to(torch.bfloat16)
 
     def add(self, fakes: torch.Tensor, contexts: torch.Tensor) -> None:
+        """On CUDA the device-to-host copy runs asynchronously into pinned memory; the host waits
+        for it only when it next reads the buffer (one optimizer step later, long finished)."""
         fakes, contexts = self.compact(fakes, contexts)
-        for fake, context in zip(fakes.cpu(), contexts.cpu()):
+        if fakes.is_cuda:  # one pinned block per entry, so a replaced entry frees its own memory
+            fakes, contexts = [self._to_pinned(f) for f in fakes], [self._to_pinned(c) for c in contexts]
+            self.copied = torch.cuda.Event()
+            self.copied.record()
+        else:
+            fakes, contexts = [f.clone() for f in fakes], [c.clone() for c in contexts]
+        for fake, context in zip(fakes, contexts):
             if len(self.fakes) < self.capacity:
-                self.fakes.append(fake.clone())
-                self.contexts.append(context.clone())
+                self.fakes.append(fake)
+                self.contexts.append(context)
             else:
                 slot = self.rng.randrange(self.capacity)
-                self.fakes[slot], self.contexts[slot] = fake.clone(), context.clone()
+                self.fakes[slot], self.contexts[slot] = fake, context
+
+    @staticmethod
+    def _to_pinned(tensor: torch.Tensor) -> torch.Tensor:
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        return host.copy_(tensor, non_blocking=True)
+
+    def wait_for_copies(self) -> None:
+        if self.copied is not None:
+            self.copied.synchronize()
+            self.copied = None
 
     def sample(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(fakes in [0, 1], contexts), as float32 on the CPU."""
+        self.wait_for_copies()
         slots = [self.rng.randrange(len(self.fakes)) for _ in range(count)]
         fakes = torch.stack([self.fakes[i] for i in slots]).float() / 255
         return fakes, torch.stack([self.contexts[i] for i in slots]).float()
 
     def state_dict(self) -> dict:
+        self.wait_for_copies()
         return {"capacity": self.capacity, "fakes": list(self.fakes), "contexts": list(self.contexts)}
 
     def load_state_dict(self, state: dict) -> None:
@@ -190,11 +211,19 @@ class Seraena(nn.Module):
         return [b for name, b in self.disc.named_buffers() if "running_" in name]
 
     def training_state_dict(self) -> dict:
-        """Optimizer, replay buffer and random state: what a resumed run needs beyond state_dict()."""
-        return {"optimizer": self.optimizer.state_dict(), "buffer": self.buffer.state_dict(), "rng": self.rng.getstate()}
+        """The optimizer: with the weights, the state every rank of a run shares."""
+        return {"optimizer": self.optimizer.state_dict()}
+
+    def rank_state_dict(self) -> dict:
+        """Replay buffer and random state: each rank's own (it holds its own fakes)."""
+        return {"buffer": self.buffer.state_dict(), "rng": self.rng.getstate()}
 
     def load_training_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
+        if "buffer" in state:  # checkpoints written before the per-rank files held rank 0's here
+            self.load_rank_state_dict(state)
+
+    def load_rank_state_dict(self, state: dict) -> None:
         self.buffer.load_state_dict(state["buffer"])
         self.rng.setstate(state["rng"])
 

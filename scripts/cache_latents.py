@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.config, args.overrides, num_processes=int(os.environ.get("WORLD_SIZE", "1")))
         if not config.use_ref_vae:
             raise ConfigError("use_ref_vae=false: autoencoder mode has no reference latents to cache")
-        from training.taehv_train import build_datasets
+        from training.builders import build_datasets
 
         datasets = dict(zip(SPLITS, build_datasets(config)))
     except (ConfigError, CacheError, DataFailureError, IndexFormatError) as error:

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from models.taehv import TAEHV, write_model_info
+from training.checkpoints import read_state
 from training.elastic import FULL_STATE
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -33,10 +34,9 @@ def checkpoint_weights(folder: Path, which: str) -> dict[str, torch.Tensor]:
             raise FileNotFoundError(f"{path} is missing: this checkpoint predates full states; use --weights ema")
         weights = torch.load(path, map_location="cpu", weights_only=True)["weights"]
         return {name.removeprefix("taehv."): value for name, value in weights.items()}
-    for state_file in sorted(folder.glob("custom_checkpoint_*.pkl")):
-        state = torch.load(state_file, map_location="cpu", weights_only=False)
-        if isinstance(state, dict) and "shadow" in state:
-            return dict(state["shadow"])
+    state = read_state(folder, "ema")
+    if state is not None:
+        return dict(state["shadow"])
     raise FileNotFoundError(f"{folder}: no EMA state (the run had ema_decay=0); use --weights model")
 
 

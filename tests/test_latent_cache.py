@@ -49,7 +49,7 @@ def test_two_processes_write_the_clips_and_latents_training_would_draw(setup, tm
     meta = json.loads((tmp_path / "cache" / "cache.json").read_text())
     assert meta["complete"] and meta["splits"]["train"] == {"samples": 10, "shards": 5}
 
-    from training.taehv_train import build_datasets
+    from training.builders import build_datasets
 
     config = load_config("test", sets, num_processes=1)
     on_the_fly, _ = build_datasets(config)

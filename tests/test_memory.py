@@ -23,6 +23,16 @@ def test_activation_estimate_matches_the_bytes_counted_at_other_shapes(batch, fr
     assert abs(estimated - counted) / counted < 0.25, (estimated, counted)
 
 
+@pytest.mark.parametrize("overrides", [[], ["gradient_checkpointing=true"]])
+def test_the_fast_fp32_count_matches_a_bf16_forward(overrides):
+    """The probe runs in fp32 (bf16 convolutions are ~20x slower on CPUs) and counts what the
+    student's forward saves at bf16 size: within 2% of the bytes a bf16 forward saves."""
+    config = load_config("h100", overrides, 8, check_paths=False)
+    fast = saved_activation_bytes(config, 1, config.n_frames, 32, 32)
+    exact = saved_activation_bytes(config, 1, config.n_frames, 32, 32, exact=True)
+    assert abs(fast - exact) / exact < 0.02, (fast, exact)
+
+
 def test_gradient_checkpointing_and_fewer_loss_terms_need_less():
     full = load_config("h100", [], 8, check_paths=False)
     checkpointed = load_config("h100", ["gradient_checkpointing=true"], 8, check_paths=False)

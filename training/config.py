@@ -103,6 +103,8 @@ class TrainConfig:
     lpips_backbone_path: str = option("", "AlexNet backbone file for LPIPS; empty = torch hub cache")
     seraena_learning_rate: float = option(3e-4, "discriminator AdamW learning rate")
     seraena_buffer_size: int = option(1024, "replay buffer capacity in frame groups (CPU memory)")
+    seraena_buffer_gb: float = option(0.5, "host memory per rank the replay buffer may use: its capacity is "
+                                      "seraena_buffer_size capped to fit (python -m training.config P --memory shows it)")
     # --- logging, validation, checkpoints ------------------------------------------------------
     log_every: int = option(25, "steps between log lines and TensorBoard scalars")
     validation_steps: int = option(1000, "steps between validations")
@@ -323,6 +325,8 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
             raise ConfigError(f"{key}={getattr(c, key)} must be at least 1")
     if c.gpu_memory_gb <= 0:
         raise ConfigError(f"gpu_memory_gb={c.gpu_memory_gb} must be positive (80 for an H100 SXM, 141 for an H200)")
+    if c.seraena_buffer_gb <= 0:
+        raise ConfigError(f"seraena_buffer_gb={c.seraena_buffer_gb} must be positive (host memory per rank for the replay buffer)")
     for key in ("reconstruction_weight", "encoder_weight", "decoder_weight", "perceptual_weight", "seraena_weight", "learning_rate"):
         if getattr(c, key) < 0:
             raise ConfigError(f"{key}={getattr(c, key)} must not be negative")

@@ -70,8 +70,9 @@ def all_reduce_mean(tensors: list[torch.Tensor]) -> None:
 class SeraenaState:
     """Seraena in a multi-process run: identical initial weights on every rank (seeded), gradients
     and BatchNorm statistics averaged each step, so weights and optimizer stay identical. The
-    replay buffer is deliberately per rank (each holds its own fakes); a checkpoint stores rank 0's.
-    Registered with accelerate for checkpointing."""
+    replay buffer and random state are deliberately per rank (each holds its own fakes): the
+    shared part is registered with accelerate for checkpointing, each rank's own part is written
+    beside it as seraena_rank<R>.pt (rank_state_dict)."""
 
     def __init__(self, latent_channels: int, learning_rate: float, buffer_size: int, seed: int, rank: int,
                  device: torch.device, amp_dtype: torch.dtype | None):
@@ -103,6 +104,12 @@ class SeraenaState:
     def load_state_dict(self, state: dict) -> None:
         self.seraena.load_state_dict(state["weights"])
         self.seraena.load_training_state_dict(state["training"])
+
+    def rank_state_dict(self) -> dict:
+        return self.seraena.rank_state_dict()
+
+    def load_rank_state_dict(self, state: dict) -> None:
+        self.seraena.load_rank_state_dict(state)
 
 
 @dataclass

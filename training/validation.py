@@ -1,0 +1,120 @@
+"""Validation: metrics of the weights that are exported (the EMA when enabled) on the held-out
+clips, the validation line, validation_history.json, best_model/ and early stopping."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import torch
+
+from models.taehv import TAEHV
+from training.checkpoints import current_weights, export_model
+from training.config import config_hash, decoded_frame_count
+from training.distill import aligned
+
+if TYPE_CHECKING:
+    from training.taehv_train import TrainingRun
+
+
+def evaluation_model(run: TrainingRun) -> TAEHV:
+    """A plain fp32 TAEHV holding the weights that are validated and exported."""
+    evaluated = TAEHV.from_args(run.accelerator.unwrap_model(run.model).taehv.args)
+    evaluated.load_state_dict({k: v.float().cpu() for k, v in current_weights(run).items()})
+    return evaluated.to(run.accelerator.device).eval()
+
+
+def reference_latents_for(run: TrainingRun, item: dict, video: torch.Tensor) -> torch.Tensor | None:
+    """From the latent cache when the batch carries them, else the reference VAE; None in autoencoder mode."""
+    if "latents" in item:
+        return item["latents"].to(video.device, non_blocking=True).reshape(video.shape[0], *item["latents"].shape[-4:])
+    return run.reference_vae.encode(video) if run.reference_vae is not None else None
+
+
+def validate(run: TrainingRun, evaluated: TAEHV) -> dict:
+    """PSNR, SSIM and LPIPS (when its weights are on this machine) of the round trip over the
+    held-out clips, and of the student's decode of reference latents when distilling; clips are
+    split across ranks and the sums reduced. Rank 0 sends its first clip, side by side, to TensorBoard."""
+    from models.metrics import psnr, ssim
+
+    accelerator, dataset = run.accelerator, run.validation_dataset
+    count = min(run.config.validation_samples, len(dataset))
+    names = [f"{prefix}{metric}" for prefix in ("", "decode_")[: 2 if run.config.use_ref_vae else 1]
+             for metric in ("psnr", "ssim") + (("lpips",) if run.lpips is not None else ())]
+    # PSNR of the round trip by frame position: an untrained temporal slot shows as one low position
+    names += [f"psnr_frame{t}" for t in range(decoded_frame_count(run.config))]
+    totals = torch.zeros(len(names) + 1, device=accelerator.device)  # metric sums, number of clips
+    with torch.no_grad():  # a plain module: ranks need not run the same number of forwards
+        for index in range(accelerator.process_index, count, accelerator.num_processes):
+            item = dataset[index]
+            video = item["video"][None].to(accelerator.device).float() / 255
+            decoded = {"": evaluated(video)}
+            if run.config.use_ref_vae:
+                decoded["decode_"] = evaluated.decode_video(reference_latents_for(run, item, video))
+            values = {}
+            for prefix, frames in decoded.items():
+                target = aligned(video, frames)
+                values[prefix + "psnr"], values[prefix + "ssim"] = psnr(frames, target), ssim(frames, target)
+                if run.lpips is not None:
+                    values[prefix + "lpips"] = run.lpips(frames, target)
+            frames, target = decoded[""], aligned(video, decoded[""])
+            for t in range(frames.shape[1]):
+                values[f"psnr_frame{t}"] = psnr(frames[:, t], target[:, t])
+            totals += torch.cat([torch.stack([values[n].sum() for n in names]), totals.new_ones(1)])
+            if index == 0:
+                log_sample_image(run, video, decoded[""])
+    totals = accelerator.reduce(totals, reduction="sum") if accelerator.num_processes > 1 else totals
+    return {name: (totals[i] / totals[-1]).item() for i, name in enumerate(names)}
+
+
+def validation_line(step: int, metrics: dict) -> str:
+    """`Validation at step N | psnr: 24.10 dB | ssim: 0.81 | by frame: 25.0 23.9 ... dB`."""
+    by_frame = [v for k, v in metrics.items() if k.startswith("psnr_frame")]
+    parts = [f"{k}: {v:.2f} dB" if k.endswith("psnr") else f"{k}: {v:.4f}"
+             for k, v in metrics.items() if not k.startswith("psnr_frame")]
+    if by_frame:
+        parts.append("by frame: " + " ".join(f"{v:.1f}" for v in by_frame) + " dB")
+    return f"Validation at step {step} | " + " | ".join(parts)
+
+
+def log_sample_image(run: TrainingRun, video: torch.Tensor, decoded: torch.Tensor) -> None:
+    """Middle frame: input | reconstruction, as one image under val/sample."""
+    if not run.accelerator.is_main_process:
+        return
+    tracker = run.accelerator.get_tracker("tensorboard", unwrap=True)
+    t = decoded.shape[1] // 2
+    image = torch.cat([video[0, t], decoded[0, t]], dim=-1).clamp(0, 1).float().cpu()
+    tracker.add_image("val/sample", image, global_step=run.progress.step)
+
+
+def record_validation(run: TrainingRun, metrics: dict) -> bool:
+    """validation_history.json, best_model/ and early stopping. Returns True when the run should
+    stop early. The record lives in Progress, so it resumes with the checkpoint."""
+    config, progress, step = run.config, run.progress, run.progress.step
+    if run.accelerator.is_main_process:
+        path = run.run_dir / "validation_history.json"
+        history = json.loads(path.read_text()) if path.exists() else []
+        history = [h for h in history if h["step"] < step]  # entries past a resumed checkpoint are replayed
+        history.append({"step": step, **metrics})
+        temporary = path.with_suffix(".json.tmp")
+        temporary.write_text(json.dumps(history, indent=2) + "\n")
+        temporary.replace(path)
+    value = metrics.get(config.best_metric)
+    lower_is_better = "lpips" in config.best_metric
+    improved = value is not None and (progress.best_value is None or
+                                      (value < progress.best_value if lower_is_better else value > progress.best_value))
+    if improved:
+        progress.best_value, progress.best_step, progress.validations_without_improvement = value, step, 0
+        weights = {k: v.detach().float().cpu() for k, v in current_weights(run).items()}
+        export_model(run.accelerator, weights, run.accelerator.unwrap_model(run.model).taehv, run.run_dir / "best_model",
+                     step, metrics, best_metric=config.best_metric, config_hash=config_hash(config))
+        run.log.line(f"best model so far ({config.best_metric} {value:.4f}) saved to {run.run_dir / 'best_model'}")
+        return False
+    progress.validations_without_improvement += 1
+    patience = config.early_stopping_patience
+    if patience and progress.validations_without_improvement >= patience:
+        run.log.line(f"early stopping: {config.best_metric} has not improved for {patience} validations "
+                     f"(best {progress.best_value:.4f} at step {progress.best_step})")
+        return True
+    return False
+
