@@ -219,11 +219,15 @@ def test_exact_resume_matches_an_uninterrupted_run(clips, tmp_path, monkeypatch)
 def test_nonfinite_and_oom_steps_are_skipped_then_too_many_stop_the_run(clips, tmp_path, monkeypatch):
     monkeypatch.setenv("TAEHV_FAULT_NONFINITE_MICRO_STEPS", "2")
     monkeypatch.setenv("TAEHV_FAULT_OOM_MICRO_STEPS", "4")
+    monkeypatch.setenv("TAEHV_FAULT_BACKWARD_OOM_MICRO_STEPS", "5")  # one process: its gradients are dropped
     once = launch(1, tmp_path / "once", [f"data_root={clips}"])
     assert once.returncode == 0, once.stderr[-3000:]
     log = (tmp_path / "once" / "train.log").read_text()
     assert "non-finite loss on rank 0 at micro-step 2 (step 2): skipped on all ranks (1 so far, 1 in a row)" in log
     assert "out of memory on rank 0 at micro-step 4 (step 3): skipped on all ranks (1 so far, 1 in a row)" in log
+    assert ("out of memory on rank 0 (in a backward before this micro-step; its accumulated gradients dropped) at "
+            "micro-step 6 (step 3): skipped on all ranks (2 so far, 2 in a row)") in log
+    monkeypatch.delenv("TAEHV_FAULT_BACKWARD_OOM_MICRO_STEPS")
     assert "Step 4/4" in log
     monkeypatch.delenv("TAEHV_FAULT_NONFINITE_MICRO_STEPS")
     monkeypatch.setenv("TAEHV_FAULT_OOM_MICRO_STEPS", "1,2,3")

@@ -291,8 +291,13 @@ def resume(run: TrainingRun, folder: Path) -> None:
 
     accelerator, config = run.accelerator, run.config
     if elastic.same_topology(folder, accelerator, config):
-        accelerator.load_state(str(folder))
-        load_stateful_objects(folder, stateful_objects(run))
+        if any(folder.glob("custom_checkpoint_*.pkl")):  # the older layout: accelerate reads those files by position
+            accelerator.register_for_checkpointing(*stateful_objects(run).values())
+            accelerator.load_state(str(folder))
+            accelerator._custom_objects.clear()  # later checkpoints write the named files (save_stateful_objects)
+        else:
+            accelerator.load_state(str(folder))
+            load_stateful_objects(folder, stateful_objects(run))
         restored = load_seraena_rank_state(run, folder)
         run.log.line(f"resumed from {folder} at step {run.progress.step}{restored}")
         return

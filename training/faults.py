@@ -108,15 +108,15 @@ def note_bad_step(run: TrainingRun, reason: str, where: str) -> None:
 
 
 def backward_out_of_memory(run: TrainingRun) -> tuple[None, str, str]:
-    """An out-of-memory error inside this rank's backward. Without a collective in that backward
-    (one process, or a DDP micro-step inside the accumulation window) this rank drops its partial
-    gradients and the next agreement tells every rank to drop the window too. Otherwise the other
-    ranks are already inside the gradient all-reduce and cannot skip it: stop with advice."""
+    """An out-of-memory error inside this rank's backward. With one process it drops the partial
+    gradients of the accumulation window and the next micro-step is counted as skipped. With
+    several, the other ranks are already inside the gradient all-reduce of that backward (under
+    DeepSpeed and, since the forward runs before accumulate(), under DDP on every micro-step) and
+    cannot skip it: stop with advice."""
     accelerator = run.accelerator
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    communicating = accelerator.num_processes > 1 and (accelerator.state.deepspeed_plugin is not None or accelerator.sync_gradients)
-    if communicating:
+    if accelerator.num_processes > 1:
         latest = complete_checkpoints(run.run_dir)
         raise TrainingStopped(
             f"out of memory in the backward of micro-step {run.progress.micro_step} on rank {accelerator.process_index}: the "
