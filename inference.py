@@ -65,6 +65,14 @@ def load_student(model: Path, variant: str | None) -> tuple[TAEHV, Path]:
                             "and it is not a checkpoint folder")
 
 
+def recorded_latent_space(weights: Path) -> str:
+    """The latent space a trained model's model_info.json records (exports of distillation runs), else auto."""
+    info = weights.parent / "model_info.json" if weights.is_file() else None
+    if info is None or not info.is_file():
+        return "auto"
+    return json.loads(info.read_text()).get("reference", {}).get("latent_space", "auto")
+
+
 def clip_paths(sources: list[str]) -> list[Path]:
     paths: list[Path] = []
     for source in sources:
@@ -341,6 +349,9 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--native", action="store_true", help="each clip at its own size (see above)")
     parser.add_argument("--ref-vae", choices=("cogvideox", "hunyuan", "wan"), help="reference VAE family")
     parser.add_argument("--ref-vae-path", help="local diffusers folder or hub id of the reference VAE")
+    parser.add_argument("--ref-vae-latent-space", choices=("auto", "raw", "scaled", "normalized"),
+                        help="latent space of the reference latents the student decodes (default: the one the model's "
+                        "model_info.json records, else auto = the family's public TAEHV space)")
     parser.add_argument("--streaming", action="store_true", help="frame-by-frame path: memory constant in T")
     parser.add_argument("--device", default="auto", help="auto (cuda, mps, cpu), or a torch device")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="fp32", help="student precision")
@@ -382,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.ref_vae:
             from models.reference_vae import load_reference_vae
 
-            reference = load_reference_vae(args.ref_vae, args.ref_vae_path, device, sample_latents=False)
+            reference = load_reference_vae(args.ref_vae, args.ref_vae_path, device, sample_latents=False,
+                                           latent_space=args.ref_vae_latent_space or recorded_latent_space(weights))
     except (FileNotFoundError, ValueError, RuntimeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -1,7 +1,22 @@
 """Reference VAEs the student is distilled from: diffusers AutoencoderKLCogVideoX (cogvideox),
 AutoencoderKLHunyuanVideo (hunyuan) and AutoencoderKLWan (wan), behind one interface in our
-conventions: videos N,T,3,H,W in [0, 1], latents N,t,C,h,w unscaled (the VAE's own latent space:
-no scaling factor, no mean/std normalisation).
+conventions: videos N,T,3,H,W in [0, 1], latents N,t,C,h,w in the family's latent space.
+
+Latent spaces. The student must learn the space the public TAEHV weights of its family work in,
+or fine-tuning them trains toward another target than the one they start from and serve. Each
+space is a per-channel map of the VAE's raw latents, z = (raw - shift) * scale (decode inverts it):
+  raw         shift 0, scale 1
+  scaled      shift 0, scale = the VAE config's scaling_factor (what CogVideoX and HunyuanVideo
+              pipelines hand their transformer)
+  normalized  shift = latents_mean, scale = 1 / latents_std of the VAE config (what the Wan
+              pipelines hand theirs)
+Defaults (`ref_vae_latent_space=auto`), with the evidence (../shared/reference/README.md):
+  cogvideox  raw: the public TAECVX demo divides the CogVideoX pipeline's latents by its scaling
+             factor before decoding them with TAECVX.
+  wan        normalized: the public TAEW2.1/TAEW2.2 demos plug TAEHV into the Wan pipeline with
+             latents_mean=0 and latents_std=1, so TAEHV decodes (raw - mean) / std; upstream's
+             example Wan latents have RMS 0.94 and channel means near 0 (raw ones do not).
+  hunyuan    scaled: not stated upstream; this is the space HunyuanVideo's transformer works in.
 
 Frame alignment, measured on each class: for the valid input counts below, t latents decode to
 the same T frames that went in, decoded frame j showing input frame j, and the student's
@@ -30,6 +45,33 @@ def valid_frame_counts(family: str, limit: int = 64) -> list[int]:
     return [n for n in range(1, limit) if is_valid_frame_count(family, n)]
 
 
+LATENT_SPACES = ("raw", "scaled", "normalized")
+DEFAULT_LATENT_SPACE = {"cogvideox": "raw", "hunyuan": "scaled", "wan": "normalized"}
+# the spaces a family's VAE config can express (CogVideoX and Hunyuan have no latents_mean/std, Wan no scaling_factor)
+SUPPORTED_LATENT_SPACES = {"cogvideox": ("raw", "scaled"), "hunyuan": ("raw", "scaled"), "wan": ("raw", "normalized")}
+
+
+def resolve_latent_space(family: str, choice: str = "auto") -> str:
+    """`auto` -> the family's default; an explicit space is checked against what the family supports."""
+    space = DEFAULT_LATENT_SPACE[family] if choice == "auto" else choice
+    if space not in SUPPORTED_LATENT_SPACES[family]:
+        raise ValueError(f"ref_vae_latent_space={choice!r} is not available for the {family} VAE: choose auto or one of "
+                         f"{', '.join(SUPPORTED_LATENT_SPACES[family])}")
+    return space
+
+
+def latent_space_transform(vae_config, space: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(shift, scale), each of the VAE's latent-channel count, from its diffusers config."""
+    channels = vae_config.get("latent_channels") or vae_config.get("z_dim")
+    shift, scale = torch.zeros(channels), torch.ones(channels)
+    if space == "scaled":
+        scale = scale * float(vae_config["scaling_factor"])
+    elif space == "normalized":
+        shift = torch.tensor(vae_config["latents_mean"], dtype=torch.float32)
+        scale = 1 / torch.tensor(vae_config["latents_std"], dtype=torch.float32)
+    return shift, scale
+
+
 def vae_class(family: str):
     from diffusers import AutoencoderKLCogVideoX, AutoencoderKLHunyuanVideo, AutoencoderKLWan
 
@@ -39,13 +81,18 @@ def vae_class(family: str):
 class ReferenceVAE(nn.Module):
     """Frozen diffusers video VAE. encode: N,T,3,H,W [0, 1] -> N,t,C,h,w; decode: the reverse."""
 
-    def __init__(self, vae: nn.Module, family: str, sample_latents: bool = True):
+    def __init__(self, vae: nn.Module, family: str, sample_latents: bool = True, latent_space: str = "auto"):
         super().__init__()
         if family not in FAMILIES:
             raise ValueError(f"unknown reference VAE family {family!r}; choose one of {', '.join(FAMILIES)}")
         self.vae = vae.eval().requires_grad_(False)
         self.family = family
         self.sample_latents = sample_latents
+        self.latent_space = resolve_latent_space(family, latent_space)
+        shift, scale = latent_space_transform(vae.config, self.latent_space)
+        device = next(vae.parameters()).device
+        self.register_buffer("shift", shift.view(1, 1, -1, 1, 1).to(device), persistent=False)  # over N,t,C,h,w
+        self.register_buffer("scale", scale.view(1, 1, -1, 1, 1).to(device), persistent=False)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -55,13 +102,15 @@ class ReferenceVAE(nn.Module):
     def encode(self, video: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         distribution = self._latent_dist(video)
         latents = distribution.sample(generator) if self.sample_latents else distribution.mean
-        return self._checked(latents)
+        return (self._checked(latents) - self.shift) * self.scale
 
     @torch.no_grad()
     def encode_distribution(self, video: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mean, log-variance) of the latent distribution, each N,t,C,h,w fp32 (for the latent cache)."""
+        """(mean, log-variance) of the latent distribution in the latent space, each N,t,C,h,w fp32
+        (for the latent cache); the per-channel scale multiplies the variance by scale^2."""
         distribution = self._latent_dist(video)
-        return self._checked(distribution.mean), self._checked(distribution.logvar)
+        mean = (self._checked(distribution.mean) - self.shift) * self.scale
+        return mean, self._checked(distribution.logvar) + 2 * self.scale.abs().log()
 
     def _latent_dist(self, video: torch.Tensor):
         if not is_valid_frame_count(self.family, video.shape[1]):
@@ -79,13 +128,15 @@ class ReferenceVAE(nn.Module):
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        x = latents.permute(0, 2, 1, 3, 4).to(self.dtype)
+        """Latents in the latent space (N,t,C,h,w) -> frames N,T,3,H,W in [0, 1]."""
+        raw = latents.float() / self.scale + self.shift
+        x = raw.permute(0, 2, 1, 3, 4).to(self.dtype)
         frames = self.vae.decode(x).sample.float()
         return ((frames + 1) / 2).clamp(0, 1).permute(0, 2, 1, 3, 4).contiguous()
 
 
 def load_reference_vae(family: str, path_or_id: str, device: torch.device, sample_latents: bool = True,
-                       tiling: bool = False, dtype: torch.dtype | None = None) -> ReferenceVAE:
+                       tiling: bool = False, dtype: torch.dtype | None = None, latent_space: str = "auto") -> ReferenceVAE:
     """From a local folder (a diffusers pipeline folder with vae/, or a VAE folder itself) or a hub
     id (subfolder vae). bf16 on GPU, fp32 on CPU unless `dtype` says otherwise. Any failure is an
     error that names the path: training never switches to another loss on its own."""
@@ -110,7 +161,7 @@ def load_reference_vae(family: str, path_or_id: str, device: torch.device, sampl
             vae.enable_xformers_memory_efficient_attention()
         except Exception:  # optional speed-up only; the plain attention path is correct
             pass
-    return ReferenceVAE(vae, family, sample_latents)
+    return ReferenceVAE(vae, family, sample_latents, latent_space)
 
 
 def tiny_reference_vae_config(family: str) -> dict:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from training.config import ConfigError, load_config
+from training.config import ConfigError, latent_space, load_config
 from training.dataset import DataFailureError, IndexFormatError, collate_clips
 from training.latent_cache import DTYPES, FORMAT_VERSION, SPLITS, CacheError, shard_path, write_shard
 from training.prepare_once import unique_temporary
@@ -49,7 +49,7 @@ def cache_metadata(config, args, sizes: dict[str, int]) -> dict:
     return {
         "format": FORMAT_VERSION, "complete": False, "shard_size": args.shard_size, "epochs": args.epochs,
         "dtype": args.dtype, "stores_logvar": args.store == "logvar",
-        "settings": {key: getattr(config, key) for key in SETTINGS},
+        "settings": {**{key: getattr(config, key) for key in SETTINGS}, "ref_vae_latent_space": latent_space(config)},
         "splits": {split: {"samples": n, "shards": -(-n // args.shard_size)} for split, n in sizes.items()},
     }
 
@@ -65,8 +65,8 @@ def check_same_settings(out: Path, meta: dict) -> None:
             raise CacheError(f"{out} holds a cache written with {key}={old[key]!r}, this command gives {meta[key]!r}: "
                              "use another --out folder or the same options")
     for key, value in meta["settings"].items():
-        if old["settings"][key] != value:
-            raise CacheError(f"{out} holds a cache written with {key}={old['settings'][key]!r}, this config has "
+        if old["settings"].get(key, "raw" if key == "ref_vae_latent_space" else None) != value:
+            raise CacheError(f"{out} holds a cache written with {key}={old['settings'].get(key)!r}, this config has "
                              f"{value!r}: use another --out folder or the same config")
 
 
@@ -146,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         if not (args.out / "cache.json").is_file():
             (args.out / "cache.json").write_text(json.dumps(meta, indent=2) + "\n")
-    reference = load_reference_vae(config.ref_vae_family, config.ref_vae_path, accelerator.device, tiling=config.ref_vae_tiling)
+    reference = load_reference_vae(config.ref_vae_family, config.ref_vae_path, accelerator.device, tiling=config.ref_vae_tiling,
+                                   latent_space=config.ref_vae_latent_space)
     batch_size = args.batch_size or config.batch_size_per_gpu
     started, written, reused = time.perf_counter(), 0, 0
     for split in SPLITS:

@@ -59,6 +59,9 @@ def test_production_profiles_have_the_values_users_run():
         (["zero_stage=3"], "derived key"),
         (["perceptual_weight=-1"], "perceptual_weight=-1.0 must not be negative"),
         (["sample_data=yes"], "sample_data='yes': choose one of , real, synthetic"),
+        (["ref_vae_latent_space=normalized"], "ref_vae_latent_space='normalized' is not available for the cogvideox VAE: "
+                                               "choose auto or one of raw, scaled"),
+        (["ref_vae_latent_space=latent"], "ref_vae_latent_space='latent': choose auto, raw, scaled, normalized"),
         (["use_ref_vae=false", "encoder_weight=0", "decoder_weight=0", "seraena_weight=0", "n_frames=4"],
          "n_frames=4 gives 1 latent frame: the decoder's temporal layers would not train; use 8 or more "
          "(or set image_only=true for an image autoencoder)"),

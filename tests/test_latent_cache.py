@@ -100,6 +100,10 @@ def test_a_partial_cache_is_refused_then_continued_with_the_missing_shards_only(
     assert json.loads((out / "cache.json").read_text())["complete"]
     with pytest.raises(ConfigError, match=r"written with n_frames=9 but this run has n_frames=17"):
         load_config("test", [*sets, "n_frames=17", f"latent_cache={out}"], num_processes=1)
+    assert json.loads((out / "cache.json").read_text())["settings"]["ref_vae_latent_space"] == "raw"  # cogvideox's
+    with pytest.raises(ConfigError, match=r"holds raw latents but this run learns ref_vae_latent_space=scaled \(scaled\): "
+                                          r"re-write the cache for this config, or set ref_vae_latent_space=raw"):
+        load_config("test", [*sets, "ref_vae_latent_space=scaled", f"latent_cache={out}"], num_processes=1)
 
     means_only = tmp_path / "means_only"
     assert cache_command(means_only, sets, "--store", "mean", "--shard-size", "8").returncode == 0

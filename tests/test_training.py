@@ -45,6 +45,34 @@ def test_frame_alignment_gives_equal_counts(family):
         reference.encode(torch.rand(1, 12, 3, 32, 32))
 
 
+@pytest.mark.parametrize("family, choice, space", [("cogvideox", "auto", "raw"), ("wan", "auto", "normalized"),
+                                                   ("hunyuan", "auto", "scaled"), ("wan", "raw", "raw")])
+def test_reference_latents_are_in_the_latent_space_and_decode_inverts_it(family, choice, space):
+    """cogvideox: raw latents (no scaling factor); wan: (raw - latents_mean) / latents_std of the
+    VAE's config; decode maps back before the VAE decodes; the cache's log-variance follows."""
+    torch.manual_seed(0)
+    vae = vae_class(family)(**tiny_reference_vae_config(family)).eval()
+    reference = ReferenceVAE(vae, family, sample_latents=False, latent_space=choice)
+    video = torch.rand(1, FRAMES_FOR[family], 3, 32, 32)
+    with torch.no_grad():
+        distribution = vae.encode(video.permute(0, 2, 1, 3, 4) * 2 - 1).latent_dist
+        raw, raw_logvar = (t.permute(0, 2, 1, 3, 4) for t in (distribution.mean, distribution.logvar))
+        channels = (1, 1, -1, 1, 1)
+        scale = {"raw": torch.ones(1), "scaled": torch.tensor(vae.config.scaling_factor),
+                 "normalized": 1 / torch.tensor(vae.config.get("latents_std", [1.0])).view(channels)}[space]
+        shift = torch.tensor(vae.config.latents_mean).view(channels) if space == "normalized" else torch.zeros(1)
+        latents = reference.encode(video)
+        assert reference.latent_space == space
+        torch.testing.assert_close(latents, (raw - shift) * scale)
+        mean, logvar = reference.encode_distribution(video)
+        torch.testing.assert_close(mean, latents)
+        torch.testing.assert_close(logvar, raw_logvar + 2 * scale.log())
+        direct = ((vae.decode(raw.permute(0, 2, 1, 3, 4)).sample + 1) / 2).clamp(0, 1).permute(0, 2, 1, 3, 4)
+        torch.testing.assert_close(reference.decode(latents), direct, atol=1e-5, rtol=1e-4)
+    if space == "normalized":  # the Wan config's statistics are far from 0 and 1: the spaces really differ
+        assert (latents - raw).abs().max() > 0.5
+
+
 def test_encoder_loss_falls_on_a_fixed_batch():
     reference = tiny_reference("hunyuan")
     torch.manual_seed(0)
@@ -172,6 +200,10 @@ def test_distillation_runs_with_each_reference_family(family, processes, tiny_va
     assert all(torch.equal(ema["shadow"][k].cpu(), v) for k, v in exported.items())
     info = json.loads((run_dir / "final" / "model_info.json").read_text())
     assert info["step"] == 4 and info["metrics"]["psnr"] > 0
+    space = {"cogvideox": "raw", "hunyuan": "scaled", "wan": "normalized"}[family]
+    assert info["reference"] == {"family": family, "latent_space": space}
+    topology = json.loads((run_dir / "checkpoints" / "checkpoint-4" / "topology.json").read_text())
+    assert topology["ref_vae_latent_space"] == space
 
 
 def test_missing_reference_vae_is_an_error_not_a_silent_fallback(clips, tmp_path):

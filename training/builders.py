@@ -89,7 +89,8 @@ def build_reference_vae(config: TrainConfig, device):
     from models.reference_vae import load_reference_vae
 
     return load_reference_vae(config.ref_vae_family, config.ref_vae_path, device,
-                              sample_latents=config.ref_vae_sample_latents, tiling=config.ref_vae_tiling)
+                              sample_latents=config.ref_vae_sample_latents, tiling=config.ref_vae_tiling,
+                              latent_space=config.ref_vae_latent_space)
 
 
 def build_seraena(config: TrainConfig, accelerator, taehv: TAEHV):

@@ -227,6 +227,17 @@ def writable_problem(folder: Path, injected: bool = False) -> str:
     return ""
 
 
+def export_info(config: TrainConfig) -> dict:
+    """What model_info.json records beside the architecture: the config's hash and, when
+    distilling, the reference family and the latent space the weights encode to and decode from."""
+    from training.config import config_hash, latent_space
+
+    info = {"config_hash": config_hash(config)}
+    if config.use_ref_vae:
+        info["reference"] = {"family": config.ref_vae_family, "latent_space": latent_space(config)}
+    return info
+
+
 def export_model(accelerator, weights: dict, taehv: TAEHV, folder: Path, step: int, metrics: dict, **info) -> None:
     """Public-format weights (.pth and .safetensors) plus model_info.json, written atomically
     by rank 0 (the weights are identical on every rank)."""

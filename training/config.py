@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from models.reference_vae import FAMILIES, FRAME_RULES
+from models.reference_vae import FAMILIES, FRAME_RULES, LATENT_SPACES, resolve_latent_space
 from models.reference_vae import valid_frame_counts as reference_frame_counts
 from models.taehv import VARIANTS
 
@@ -59,6 +59,11 @@ class TrainConfig:
     ref_vae_path: str = option("pretrained/CogVideoX-2b", "local diffusers folder, or hub id already in the Hugging Face cache (subfolder vae)")
     ref_vae_sample_latents: bool = option(True, "use latent_dist.sample() (True) or its mean (False)")
     ref_vae_tiling: bool = option(False, "enable the reference VAE's tiled encode (saves memory, slower)")
+    latent_space_check: bool = option(True, "before fine-tuning pretrained_model_path, refuse when its encoder clearly "
+                                      "speaks another latent space than ref_vae_latent_space (training/latent_space_check.py)")
+    ref_vae_latent_space: str = option("auto", "latent space the student learns: auto = the space of the family's public "
+                                       "TAEHV weights (cogvideox raw, hunyuan scaled, wan normalized), or raw, scaled, "
+                                       "normalized (docs/model.md#latent-spaces)")
     latent_cache: str = option("", "folder written by scripts/cache_latents.py: read reference latents from it instead "
                                "of running the reference VAE; empty = encode on the fly")
     # --- data ----------------------------------------------------------------------------------
@@ -287,12 +292,23 @@ def decoded_frame_count(config: TrainConfig) -> int:
     return config.n_frames if config.use_ref_vae else config.n_frames - 3
 
 
+def latent_space(config: TrainConfig) -> str:
+    """The resolved latent space of the reference latents ('' in autoencoder mode)."""
+    return resolve_latent_space(config.ref_vae_family, config.ref_vae_latent_space) if config.use_ref_vae else ""
+
+
 def validate(config: TrainConfig, check_paths: bool = True) -> None:
     c = config
     if c.model_variant not in VARIANTS:
         raise ConfigError(f"model_variant={c.model_variant!r} is not a TAEHV variant; choose one of {', '.join(VARIANTS)}")
     if c.ref_vae_family not in FAMILIES:
         raise ConfigError(f"ref_vae_family={c.ref_vae_family!r}: choose one of {', '.join(FAMILIES)}")
+    if c.ref_vae_latent_space not in ("auto", *LATENT_SPACES):
+        raise ConfigError(f"ref_vae_latent_space={c.ref_vae_latent_space!r}: choose auto, {', '.join(LATENT_SPACES)}")
+    try:
+        resolve_latent_space(c.ref_vae_family, c.ref_vae_latent_space)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     frames = valid_frame_counts(c)
     if c.n_frames not in frames:
         rule = "{}k+{}".format(*FRAME_RULES[c.ref_vae_family])

@@ -76,7 +76,9 @@ def gather_full_state(accelerator, model, optimizer) -> dict:
 def checkpoint_contract(config) -> dict:
     """What a checkpoint must share with the run that resumes it: the student's architecture and
     the objects registered with accelerate (scheduler and progress always; EMA and Seraena when on)."""
-    return {"model_variant": config.model_variant,
+    from training.config import latent_space
+
+    return {"model_variant": config.model_variant, "ref_vae_latent_space": latent_space(config),
             "registered": ["scheduler", "progress"] + ["ema"] * (config.ema_decay > 0) + ["seraena"] * (config.seraena_weight > 0)}
 
 
@@ -92,6 +94,11 @@ def check_resumable(folder: Path, config) -> None:
     if saved.get("model_variant", expected["model_variant"]) != expected["model_variant"]:
         raise ValueError(f"{folder} holds a {saved['model_variant']!r} student but this run has model_variant="
                          f"{config.model_variant!r}: resume with --set model_variant={saved['model_variant']} or start a new run folder")
+    # checkpoints written before the key learnt raw latents; autoencoder mode ('') has no space to compare
+    saved_space, space = saved.get("ref_vae_latent_space", "raw"), expected["ref_vae_latent_space"]
+    if saved_space and space and saved_space != space:
+        raise ValueError(f"{folder} holds a student trained on {saved_space} reference latents but this run learns {space} "
+                         f"ones: resume with --set ref_vae_latent_space={saved_space} or start a new run folder")
     if saved.get("registered", expected["registered"]) != expected["registered"]:
         raise ValueError(f"{folder} was written with {', '.join(saved['registered'])} but this run has "
                          f"{', '.join(expected['registered'])}: keep ema_decay and seraena_weight on or off as in that run")

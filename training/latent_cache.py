@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
+from training.config import latent_space
 from training.dataset import ClipError, DataFailureError, describe_skips, read_frames, resize_and_crop
 from training.prepare_once import unique_temporary
 
@@ -78,6 +79,11 @@ def check_compatible(folder: Path, config) -> dict:
         if meta["settings"][key] != getattr(config, key):
             raise CacheError(f"latent_cache={str(folder)!r} was written with {key}={meta['settings'][key]!r} but this run "
                              f"has {key}={getattr(config, key)!r}: use a cache written for this config or fix {key}")
+    cached_space = meta["settings"].get("ref_vae_latent_space", "raw")  # caches before the key held raw latents
+    if cached_space != latent_space(config):
+        raise CacheError(f"latent_cache={str(folder)!r} holds {cached_space} latents but this run learns "
+                         f"ref_vae_latent_space={latent_space(config)} ({config.ref_vae_latent_space}): re-write the cache "
+                         f"for this config, or set ref_vae_latent_space={cached_space}")
     if config.ref_vae_sample_latents and not meta["stores_logvar"]:
         raise CacheError(f"latent_cache={str(folder)!r} holds means only, but ref_vae_sample_latents=true: set it to false "
                          "or re-write the cache with --store logvar")

@@ -29,9 +29,9 @@ from training.builders import (build_accelerator, build_datasets, build_lpips, b
                                build_reference_vae, build_seraena, build_train_loader, check_deepspeed_batch,
                                choose_sample_data, model_dtype)
 from training.checkpoints import (Progress, check_run_folder, complete_checkpoints, current_weights,  # noqa: E402
-                                  export_model, find_resume_checkpoint, full_state_dict, master_weights, resume,
+                                  export_info, export_model, find_resume_checkpoint, full_state_dict, master_weights, resume,
                                   save_checkpoint, weights_fingerprint)
-from training.config import ConfigError, TrainConfig, config_hash, load_config, write_resolved_config  # noqa: E402
+from training.config import ConfigError, TrainConfig, load_config, write_resolved_config  # noqa: E402
 from training.dataset import DataFailureError, FailureTracker, IndexFormatError  # noqa: E402
 from training.distill import SeraenaState, WeightEMA, add_seraena_term, forward_losses  # noqa: E402
 from training.faults import (FaultInjection, StopRequest, TrainingStopped, backward_out_of_memory,  # noqa: E402
@@ -149,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as error:
         print(f"reference VAE error: {error}", file=sys.stderr, flush=True)
         return 2
+    problem = check_starting_latent_space(config, reference_vae, validation_dataset, run_dir)
+    if problem:
+        print(f"latent space error: {problem}", file=sys.stderr, flush=True)
+        return 2
     accelerator = build_accelerator(config, run_dir)
     set_seed(config.seed)  # the same initial weights on every rank
     model = build_model(config)
@@ -196,6 +200,27 @@ def main(argv: list[str] | None = None) -> int:
         return 0  # preempted: the checkpoint is written; --resume latest continues
     finish(run)
     return 0
+
+
+def check_starting_latent_space(config: TrainConfig, reference_vae, validation_dataset, run_dir: Path) -> str:
+    """The starting weights against the reference on up to 4 held-out clips (the same on every
+    rank, so every rank decides alike without a collective); the report goes to
+    <run>/latent_space_check.json and one log line. Returns the refusal, or ''."""
+    if not (config.latent_space_check and config.pretrained_model_path and reference_vae is not None):
+        return ""
+    import json
+
+    from models.taehv import TAEHV
+    from training.latent_space_check import latent_space_problem, latent_space_report, summary_line
+
+    device = reference_vae.shift.device
+    student = TAEHV.from_pretrained(config.pretrained_model_path, variant=config.model_variant).to(device).eval()
+    videos = [validation_dataset[i]["video"][None].to(device).float() / 255 for i in range(min(4, len(validation_dataset)))]
+    report = latent_space_report(student, reference_vae, videos)
+    if int(os.environ.get("RANK", "0")) == 0:
+        (run_dir / "latent_space_check.json").write_text(json.dumps(report, indent=2) + "\n")
+        print(summary_line(report), flush=True)
+    return latent_space_problem(report)
 
 
 def describe_teacher(config: TrainConfig) -> str:
@@ -355,7 +380,7 @@ def finish(run: TrainingRun) -> None:
     weights = {k: v.detach().float().cpu() for k, v in current_weights(run).items()}
     taehv = accelerator.unwrap_model(run.model).taehv
     export_model(accelerator, weights, taehv, run.run_dir / "final", run.progress.step, run.last_metrics,
-                 config_hash=config_hash(run.config))
+                 **export_info(run.config))
     print(f"rank {accelerator.process_index} of {accelerator.num_processes}: final weights fingerprint "
           f"{weights_fingerprint(weights)}", flush=True)
     if run.seraena is not None:

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from models.taehv import TAEHV
-from training.checkpoints import current_weights, export_model
-from training.config import config_hash, decoded_frame_count
+from training.checkpoints import current_weights, export_info, export_model
+from training.config import decoded_frame_count
 from training.distill import aligned
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ def record_validation(run: TrainingRun, metrics: dict) -> bool:
         progress.best_value, progress.best_step, progress.validations_without_improvement = value, step, 0
         weights = {k: v.detach().float().cpu() for k, v in current_weights(run).items()}
         export_model(run.accelerator, weights, run.accelerator.unwrap_model(run.model).taehv, run.run_dir / "best_model",
-                     step, metrics, best_metric=config.best_metric, config_hash=config_hash(config))
+                     step, metrics, best_metric=config.best_metric, **export_info(config))
         run.log.line(f"best model so far ({config.best_metric} {value:.4f}) saved to {run.run_dir / 'best_model'}")
         return False
     progress.validations_without_improvement += 1
