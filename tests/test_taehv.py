@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from models.taehv import (
     VARIANTS,
     TAEHV,
+    FrameStreamer,
     StreamingTAEHV,
     parameter_count,
     run_parallel,
@@ -292,25 +293,78 @@ def test_cogvideox_frame_counts_match_cogvideox():
     assert decoded.shape[1] == 49
 
 
-@pytest.mark.parametrize("variant", ["taehv", "taecvx", "taew2_2"])
-@pytest.mark.parametrize("frames", [6, 9])
-def test_streaming_wrapper_equals_whole_video(variant, frames):
+def drain(first, more) -> list:
+    """first result plus all further non-None results of more()."""
+    results = []
+    while first is not None:
+        results.append(first)
+        first = more()
+    return results
+
+
+STREAMING_CASES = [("taehv", 9, None), ("taew2_2", 6, None), ("taeltx_2", 17, 32), ("taeltx2_3_wide", 9, 32),
+                   ("taeh3", 22, 16), ("taeh3", 39, 16)]
+
+
+@pytest.mark.parametrize(("variant", "frames", "size"), STREAMING_CASES)
+def test_streaming_api_equals_whole_video(variant, frames, size):
     torch.manual_seed(0)
-    model = TAEHV(variant).eval()
-    video = small_video(model, frames)
+    model = lively(TAEHV(variant).eval())
+    video = small_video(model, frames, size=size)
     with torch.no_grad():
         latents = model.encode_video(video)
         decoded = model.decode_video(latents)
-    stream = StreamingTAEHV(model, num_latent_frames=latents.shape[1])
+
+    stream = StreamingTAEHV(model)
+    streamed = [z for t in range(frames) for z in drain(stream.encode(video[:, t : t + 1]), stream.encode)]
+    streamed += stream.flush_encoder()
+    assert all(z.shape == (2, 1, *latents.shape[2:]) for z in streamed)
+    assert (torch.cat(streamed, 1) - latents).abs().max() < 1e-4
+
+    frames_per_latent = [len(drain(stream.decode(latents[:, t : t + 1]), stream.decode)) for t in range(latents.shape[1])]
+    assert sum(frames_per_latent) == decoded.shape[1]
+    if model.args.chunk is None:  # one frame per call: the first latent gives what survives the trim
+        assert frames_per_latent == [1] + [model.t_upscale] * (latents.shape[1] - 1)
+    stream.reset()
+    out = drain(stream.decode(latents), stream.decode)  # all latents at once, still one frame per call
+    assert all(f.shape == (2, 1, *decoded.shape[2:]) for f in out)
+    assert (torch.cat(out, 1) - decoded).abs().max() < 1e-4
+
+    stream.reset()  # video to video, as in upstream's example
+    out = [f for t in range(frames) if (f := stream.decode(stream.encode(video[:, t : t + 1]))) is not None]
+    out += stream.flush()
+    assert (torch.cat(out, 1) - decoded).abs().max() < 1e-4
+
+
+def test_streaming_cogvideox_trims_only_when_told_the_count():
+    model = TAEHV("taecvx").eval()
+    latents = torch.randn(1, 3, 16, 2, 2)
+    with torch.no_grad():
+        decoded = model.decode_video(latents)  # odd count: trimmed, 9 frames
+    untold = StreamingTAEHV(model)  # upstream: never trims CogVideoX while streaming
+    assert len(drain(untold.decode(latents), untold.decode)) == 12
+    told = StreamingTAEHV(model, num_latent_frames=3)
+    assert (torch.cat(drain(told.decode(latents), told.decode), 1) - decoded).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize(("variant", "frames"), [("taehv", 6), ("taecvx", 9), ("taew2_2", 9), ("taeh3", 22)])
+def test_frame_streamer_equals_whole_video(variant, frames):
+    torch.manual_seed(0)
+    model = lively(TAEHV(variant).eval())
+    video = small_video(model, frames, size=model.spatial_downscale)
+    with torch.no_grad():
+        latents = model.encode_video(video)
+        decoded = model.decode_video(latents)
+    stream = FrameStreamer(model, num_latent_frames=latents.shape[1])
     streamed_latents = [z for t in range(frames) for z in stream.encode(video[:, t])] + stream.flush()
     assert (torch.stack(streamed_latents, 1) - latents).abs().max() < 1e-4
     streamed_frames = [f for t in range(latents.shape[1]) for f in stream.decode(latents[:, t])]
     assert (torch.stack(streamed_frames, 1) - decoded).abs().max() < 1e-4
 
 
-def test_streaming_cogvideox_needs_latent_count():
+def test_frame_streamer_cogvideox_needs_latent_count():
     with pytest.raises(ValueError, match="num_latent_frames"):
-        StreamingTAEHV(TAEHV("taecvx"))
+        FrameStreamer(TAEHV("taecvx"))
 
 
 def test_gradient_checkpointing_changes_no_values():
