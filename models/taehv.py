@@ -7,15 +7,39 @@ Conventions (same as the public TAEHV weights):
   so that public files (`taehv.pth`, `taecvx.pth`, `taew2_1.pth`, ...) load with strict=True.
 
 The model is built from explicit arguments (variant, patch size, latent channels, time and space
-flags); nothing here looks at file names. `TAEHV.from_pretrained` infers what it can from tensor
-shapes and reads `model_info.json` beside the file for the rest.
+flags, decoder kind, chunking); nothing here looks at file names. `TAEHV.from_pretrained` infers
+what it can from tensor shapes and reads `model_info.json` beside the file for the rest.
+
+Frame arithmetic comes from the time factors and the chunk rule, never from literal counts. It is
+available on `TAEHVArgs` without building a model (`VARIANTS["taeh3"].latent_frame_count(22)`,
+what training/config.py should call) and on the model (`model.latent_frame_count(22)`):
+- `t_downscale`, `t_upscale`: 2 ** (time stages switched on) in the encoder / decoder
+  (4 for most variants, 8 for taeltx*); `frames_to_trim = t_upscale - 1`;
+- `latent_frame_count(n_frames)`: latents `encode_video` returns for n frames;
+- `decoded_frame_count(n_latents)`: frames `decode_video` returns for t latents;
+- `frame_rule()`: (m, r) such that clips of m*k + r frames decode back to as many frames
+  (4k+1; taecvx 8k+1; taeltx* 8k+1; taeh3 17k+5); `is_valid_frame_count(n)`,
+  `valid_frame_counts(limit)` list them.
+Chunked variants (`chunking="minimax_h3"`, taeh3) follow the MiniMax H3 VAE: the encoder pads T
+with the last frame to whole 17-frame chunks, puts zero frames in front of each chunk up to a
+multiple of t_downscale (3 -> 20 frames, 5 latents) and encodes every chunk with empty memory,
+then drops the clip's last 3 latents; the decoder runs all latents as one sequence, drops the
+first frames_to_trim frames of every 20-frame chunk and the last 3 x t_upscale frames.
+
+Streaming: `StreamingTAEHV(model)` is upstream's API (`encode(x=None)` -> one latent or None,
+`decode(x=None)` -> one frame or None, `flush_encoder()`, `flush_decoder()`, `flush()`, `reset()`);
+`FrameStreamer` is this project's older list-returning API on single 4-D frames.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections import deque
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -28,18 +52,41 @@ from torch.utils.checkpoint import checkpoint
 
 
 @dataclass(frozen=True)
+class Chunking:
+    """Time handled in the fixed chunks of a reference VAE (MiniMax H3): every chunk of `frames` input
+    frames gets zero frames in front up to a multiple of t_downscale and is encoded with empty
+    memory; the clip's last `dropped_latents` latents are dropped, as that VAE does."""
+
+    frames: int
+    dropped_latents: int
+
+
+CHUNKINGS: dict[str, Chunking | None] = {
+    "none": None,
+    "minimax_h3": Chunking(frames=17, dropped_latents=3),
+}
+
+# Channels of the three stages of the base-layout decoder (MemBlock stages with nearest upsampling),
+# per decoder kind; the last stage always narrows to 64 before the output conv.
+BASE_LAYOUT_WIDTHS: dict[str, tuple[int, int, int]] = {"base": (256, 128, 64), "wide": (1024, 512, 256)}
+DECODER_KINDS = ("base", "super", "wide")
+
+
+@dataclass(frozen=True)
 class TAEHVArgs:
-    """Everything needed to rebuild a TAEHV model; stored in checkpoints and model_info.json."""
+    """Everything needed to rebuild a TAEHV model; stored in checkpoints and model_info.json.
+    Also answers the frame arithmetic questions (see the module docstring) without a model."""
 
     variant: str = "taehv"
     patch_size: int = 1
     latent_channels: int = 16
-    decoder_kind: str = "base"  # "base" (MemBlocks + nearest upsample) or "super"
+    decoder_kind: str = "base"  # "base" (MemBlocks), "super" (depthwise blocks) or "wide" (WideMemBlocks)
     encoder_time_downscale: tuple[bool, bool, bool] = (True, True, False)
     decoder_time_upscale: tuple[bool, bool, bool] = (False, True, True)
     decoder_space_upscale: tuple[bool, bool, bool] = (True, True, True)
     # CogVideoX keeps the first decoded frames when the latent count is even.
     cogvideox_trim_rule: bool = False
+    chunking: str = "none"  # a key of CHUNKINGS: "none" or "minimax_h3"
 
     def to_json_dict(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
@@ -52,7 +99,87 @@ class TAEHVArgs:
             raise ValueError(f"unknown TAEHV construction argument(s) {unknown}; known: {sorted(known)}")
         return cls(**{k: tuple(bool(x) for x in v) if isinstance(v, list) else v for k, v in data.items()})
 
+    # frame arithmetic -------------------------------------------------------------------------
+    @property
+    def t_downscale(self) -> int:
+        return 2 ** sum(self.encoder_time_downscale)
 
+    @property
+    def t_upscale(self) -> int:
+        return 2 ** sum(self.decoder_time_upscale)
+
+    @property
+    def frames_to_trim(self) -> int:
+        return self.t_upscale - 1
+
+    @property
+    def spatial_downscale(self) -> int:
+        return 8 * self.patch_size
+
+    @property
+    def chunk(self) -> Chunking | None:
+        return CHUNKINGS[self.chunking]
+
+    @property
+    def chunk_lead_frames(self) -> int:
+        """Zero frames put in front of each chunk so that it fills whole latents (H3: 3)."""
+        return -self.chunk.frames % self.t_downscale
+
+    @property
+    def chunk_latents(self) -> int:
+        """Latents per encoded chunk (H3: 5)."""
+        return (self.chunk.frames + self.chunk_lead_frames) // self.t_downscale
+
+    @property
+    def chunk_decoded_frames(self) -> int:
+        """Decoder outputs per chunk, before its trim (H3: 20)."""
+        return self.chunk_latents * self.t_upscale
+
+    def trims_leading_frames(self, n_latent_frames: int) -> bool:
+        return not (self.cogvideox_trim_rule and n_latent_frames % 2 == 0)
+
+    def latent_frame_count(self, n_frames: int) -> int:
+        """Latent frames that `encode_video` returns for n_frames input frames."""
+        if n_frames < 1:
+            raise ValueError(f"a clip needs at least 1 frame, got {n_frames}")
+        if self.chunk is None:
+            return -(-n_frames // self.t_downscale)
+        return self.chunk_latents * -(-n_frames // self.chunk.frames) - self.chunk.dropped_latents
+
+    def decoded_frame_count(self, n_latent_frames: int) -> int:
+        """Frames that `decode_video` returns for n_latent_frames latents."""
+        if n_latent_frames < 1:
+            raise ValueError(f"decoding needs at least 1 latent frame, got {n_latent_frames}")
+        if self.chunk is None:
+            frames = n_latent_frames * self.t_upscale
+            return frames - self.frames_to_trim if self.trims_leading_frames(n_latent_frames) else frames
+        chunks = -(-n_latent_frames // self.chunk_latents)
+        kept_per_chunk = self.chunk_decoded_frames - self.frames_to_trim
+        return kept_per_chunk * chunks - self.chunk.dropped_latents * self.t_upscale
+
+    def frame_rule(self) -> tuple[int, int]:
+        """(m, r): clips of m*k + r frames (k >= 0) decode back to as many frames, when
+        t_upscale == t_downscale. 4k+1 for most variants, 8k+1 for taecvx and taeltx*, 17k+5 for taeh3."""
+        if self.chunk is not None:
+            return self.chunk.frames, self.chunk.frames - self.chunk.dropped_latents * self.t_upscale
+        # CogVideoX trims only for odd latent counts: only every other latent count round-trips
+        return self.t_downscale * (2 if self.cogvideox_trim_rule else 1), 1
+
+    def is_valid_frame_count(self, n_frames: int) -> bool:
+        modulus, remainder = self.frame_rule()
+        return (
+            n_frames >= 1
+            and n_frames % modulus == remainder % modulus
+            and self.decoded_frame_count(self.latent_frame_count(n_frames)) == n_frames
+        )
+
+    def valid_frame_counts(self, limit: int) -> list[int]:
+        """Valid clip lengths up to `limit` frames, for messages like "use 9 or 17"."""
+        return [n for n in range(1, limit + 1) if self.is_valid_frame_count(n)]
+
+
+_LTX = dict(patch_size=4, latent_channels=128, encoder_time_downscale=(True, True, True),
+            decoder_time_upscale=(True, True, True))
 VARIANTS: dict[str, TAEHVArgs] = {
     "taehv": TAEHVArgs("taehv"),
     "taecvx": TAEHVArgs("taecvx", cogvideox_trim_rule=True),
@@ -62,6 +189,11 @@ VARIANTS: dict[str, TAEHVArgs] = {
     "taew2_2": TAEHVArgs("taew2_2", patch_size=2, latent_channels=48),
     "taehv1_5_super": TAEHVArgs("taehv1_5_super", patch_size=2, latent_channels=32, decoder_kind="super"),
     "taew2_2_super": TAEHVArgs("taew2_2_super", patch_size=2, latent_channels=48, decoder_kind="super"),
+    # LTX-2 and LTX-2.3 share one architecture (different weights); shape inference names taeltx_2.
+    "taeltx_2": TAEHVArgs("taeltx_2", **_LTX),
+    "taeltx2_3": TAEHVArgs("taeltx2_3", **_LTX),
+    "taeltx2_3_wide": TAEHVArgs("taeltx2_3_wide", decoder_kind="wide", **_LTX),
+    "taeh3": TAEHVArgs("taeh3", patch_size=2, latent_channels=24, chunking="minimax_h3"),
 }
 
 
@@ -79,8 +211,12 @@ def resolve_args(variant: str = "taehv", **overrides) -> TAEHVArgs:
             if len(overrides[key]) != 3:
                 raise ValueError(f"{key} needs 3 flags, got {overrides[key]}")
     args = replace(VARIANTS[variant], **overrides)
-    if args.decoder_kind not in ("base", "super"):
-        raise ValueError(f"decoder_kind must be 'base' or 'super', got {args.decoder_kind!r}")
+    if args.decoder_kind not in DECODER_KINDS:
+        raise ValueError(f"decoder_kind must be one of {DECODER_KINDS}, got {args.decoder_kind!r}")
+    if args.chunking not in CHUNKINGS:
+        raise ValueError(f"chunking must be one of {sorted(CHUNKINGS)}, got {args.chunking!r}")
+    if args.chunk is not None and args.cogvideox_trim_rule:
+        raise ValueError("chunking and cogvideox_trim_rule cannot be combined (each decides the decoded frames)")
     return args
 
 
@@ -130,6 +266,29 @@ class SuperMemBlock(nn.Module):
         return self.conv(torch.cat([x, past], 1)) + x
 
 
+class WideMemBlock(nn.Module):
+    """MemBlock of the wide decoder: 1x1 convs mix channels, grouped 3x3 convs (64 channels per
+    group) see space, which keeps 1024-channel stages affordable."""
+
+    def __init__(self, n_in: int, n_out: int):
+        super().__init__()
+        groups = max(1, n_out // 64)
+        self.conv = nn.Sequential(
+            nn.Conv2d(n_in * 2, n_out, 1),
+            nn.ReLU(inplace=True),
+            conv(n_out, n_out, groups=groups),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(n_out, n_out, 1),
+            nn.ReLU(inplace=True),
+            conv(n_out, n_out, groups=groups),
+        )
+        self.skip = nn.Conv2d(n_in, n_out, 1, bias=False) if n_in != n_out else nn.Identity()
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x, past):
+        return self.act(self.conv(torch.cat([x, past], 1)) + self.skip(x))
+
+
 class TPool(nn.Module):
     """Joins each run of `stride` consecutive frames (earliest first on channels) into one."""
 
@@ -156,7 +315,7 @@ class TGrow(nn.Module):
         return self.conv(x).reshape(-1, c, h, w)
 
 
-MEMORY_BLOCKS = (MemBlock, SuperMemBlock)
+MEMORY_BLOCKS = (MemBlock, SuperMemBlock, WideMemBlock)
 
 
 def build_encoder(args: TAEHVArgs) -> nn.Sequential:
@@ -175,16 +334,18 @@ def build_encoder(args: TAEHVArgs) -> nn.Sequential:
 
 
 def build_base_decoder(args: TAEHVArgs) -> nn.Sequential:
-    channels = (256, 128, 64)
+    """The base layout; the "wide" kind has the same positions with wider stages and WideMemBlocks."""
+    channels = BASE_LAYOUT_WIDTHS[args.decoder_kind]
+    block = WideMemBlock if args.decoder_kind == "wide" else MemBlock
     layers: list[nn.Module] = [Clamp(), conv(args.latent_channels, channels[0]), nn.ReLU(inplace=True)]
     for stage, (c, grow_in_time, grow_in_space) in enumerate(
         zip(channels, args.decoder_time_upscale, args.decoder_space_upscale)
     ):
         c_next = channels[stage + 1] if stage + 1 < len(channels) else 64
         layers += [
-            MemBlock(c, c),
-            MemBlock(c, c),
-            MemBlock(c, c),
+            block(c, c),
+            block(c, c),
+            block(c, c),
             nn.Upsample(scale_factor=2 if grow_in_space else 1),
             TGrow(c, 2 if grow_in_time else 1),
             conv(c, c_next, bias=False),
@@ -250,32 +411,35 @@ class SequentialRunner:
 
     def push(self, frame: torch.Tensor) -> list[torch.Tensor]:
         """frame: N,C,H,W -> list of output frames (N,C',H',W'), possibly empty."""
-        outputs: list[torch.Tensor] = []
-        self._feed(0, frame, outputs)
-        return outputs
+        return list(self.outputs(frame))
 
-    def _feed(self, index: int, x: torch.Tensor, outputs: list[torch.Tensor]) -> None:
-        if index == len(self.model):
-            outputs.append(x)
-            return
-        block = self.model[index]
-        if isinstance(block, MEMORY_BLOCKS):
-            past = self.past.get(index, torch.zeros_like(x))
-            self.past[index] = x
-            self._feed(index + 1, block(x, past), outputs)
-        elif isinstance(block, TPool):
-            buffer = self.pool_buffers.setdefault(index, [])
-            buffer.append(x)
-            if len(buffer) == block.stride:
+    def outputs(self, frame: torch.Tensor) -> Iterator[torch.Tensor]:
+        """Like `push`, but lazy: each output frame is computed when it is asked for, so a stream can
+        show the first frame of a TGrow before computing the next. Exhaust it before the next call."""
+        return self._walk(0, frame)
+
+    def _walk(self, start: int, x: torch.Tensor) -> Iterator[torch.Tensor]:
+        for index in range(start, len(self.model)):
+            block = self.model[index]
+            if isinstance(block, MEMORY_BLOCKS):
+                past = self.past.get(index)
+                self.past[index] = x
+                x = block(x, torch.zeros_like(x) if past is None else past)
+            elif isinstance(block, TPool):
+                buffer = self.pool_buffers.setdefault(index, [])
+                buffer.append(x)
+                if len(buffer) < block.stride:
+                    return
                 del self.pool_buffers[index]
-                self._feed(index + 1, block.conv(torch.cat(buffer, 1)), outputs)
-        elif isinstance(block, TGrow):
-            n, c = x.shape[:2]
-            grown = block.conv(x).reshape(n, block.stride, c, *x.shape[2:])
-            for step in range(block.stride):
-                self._feed(index + 1, grown[:, step], outputs)
-        else:
-            self._feed(index + 1, block(x), outputs)
+                x = block.conv(torch.cat(buffer, 1))
+            elif isinstance(block, TGrow):
+                grown = block.conv(x).unflatten(1, (block.stride, x.shape[1]))
+                for step in range(block.stride):
+                    yield from self._walk(index + 1, grown[:, step])
+                return
+            else:
+                x = block(x)
+        yield x
 
 
 def run_sequential(model: nn.Sequential, x: torch.Tensor, show_progress_bar: bool = False) -> torch.Tensor:
@@ -286,8 +450,14 @@ def run_sequential(model: nn.Sequential, x: torch.Tensor, show_progress_bar: boo
         from tqdm.auto import tqdm
 
         frames = tqdm(frames, unit="frame")
-    outputs = [y for t in frames for y in runner.push(x[:, t])]
+    outputs = [y for t in frames for y in runner.outputs(x[:, t])]
     return torch.stack(outputs, 1)
+
+
+def pad_with_last_frame(x: torch.Tensor, multiple: int) -> torch.Tensor:
+    """N,T,... -> N,T',... with T' the next multiple of `multiple`, repeating the last frame."""
+    missing = -x.shape[1] % multiple
+    return torch.cat([x, x[:, -1:].expand(-1, missing, *x.shape[2:])], 1) if missing else x
 
 
 # --------------------------------------------------------------------------------------------
@@ -298,9 +468,11 @@ def run_sequential(model: nn.Sequential, x: torch.Tensor, show_progress_bar: boo
 class TAEHV(nn.Module):
     """Tiny video autoencoder.
 
-    encode_video: N,T,3,H,W in [0, 1] -> N,ceil(T/4),L,H/(8p),W/(8p) unscaled latents
-    decode_video: N,t,L,h,w latents -> N,4t-3,3,8ph,8pw in [0, 1]
-    (for CogVideoX, 4t frames when t is even; see `decoded_frame_count`).
+    encode_video: N,T,3,H,W in [0, 1] -> N,t,L,H/(8p),W/(8p) unscaled latents,
+        t = latent_frame_count(T) (ceil(T / t_downscale) without chunking)
+    decode_video: N,t,L,h,w latents -> N,T',3,8ph,8pw in [0, 1], T' = decoded_frame_count(t)
+        (t_upscale * t - frames_to_trim without chunking; CogVideoX keeps the leading frames
+        when t is even)
     """
 
     def __init__(self, variant: str = "taehv", **overrides):
@@ -323,7 +495,7 @@ class TAEHV(nn.Module):
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
         for module in self.modules():
-            if isinstance(module, (MemBlock, SuperMemBlock)):
+            if isinstance(module, MEMORY_BLOCKS):
                 module.conv[-1].weight.data.mul_(0.2)
         self.decoder[-1].weight.data.mul_(0.05)
         nn.init.constant_(self.decoder[-1].bias, 0.5)
@@ -343,64 +515,88 @@ class TAEHV(nn.Module):
 
     @property
     def t_downscale(self) -> int:
-        return 2 ** sum(self.args.encoder_time_downscale)
+        return self.args.t_downscale
 
     @property
     def t_upscale(self) -> int:
-        return 2 ** sum(self.args.decoder_time_upscale)
+        return self.args.t_upscale
 
     @property
     def frames_to_trim(self) -> int:
-        return self.t_upscale - 1
+        return self.args.frames_to_trim
 
     @property
     def spatial_downscale(self) -> int:
-        return 8 * self.patch_size
+        return self.args.spatial_downscale
 
     def set_gradient_checkpointing(self, enabled: bool = True) -> "TAEHV":
         """Recompute activations in backward (parallel mode, training only): less memory, same values."""
         self.gradient_checkpointing = enabled
         return self
 
-    # frame bookkeeping ------------------------------------------------------------------------
+    # frame bookkeeping (TAEHVArgs holds the arithmetic; see the module docstring) ----------------
     def latent_frame_count(self, n_frames: int) -> int:
-        return -(-n_frames // self.t_downscale)
+        return self.args.latent_frame_count(n_frames)
 
     def trims_leading_frames(self, n_latent_frames: int) -> bool:
-        return not (self.args.cogvideox_trim_rule and n_latent_frames % 2 == 0)
+        return self.args.trims_leading_frames(n_latent_frames)
 
     def decoded_frame_count(self, n_latent_frames: int) -> int:
-        frames = n_latent_frames * self.t_upscale
-        return frames - self.frames_to_trim if self.trims_leading_frames(n_latent_frames) else frames
+        return self.args.decoded_frame_count(n_latent_frames)
+
+    def frame_rule(self) -> tuple[int, int]:
+        return self.args.frame_rule()
+
+    def is_valid_frame_count(self, n_frames: int) -> bool:
+        return self.args.is_valid_frame_count(n_frames)
+
+    def valid_frame_counts(self, limit: int) -> list[int]:
+        return self.args.valid_frame_counts(limit)
 
     # encode / decode ---------------------------------------------------------------------------
     def encode_video(self, x: torch.Tensor, parallel: bool = True, show_progress_bar: bool = False) -> torch.Tensor:
-        """x: N,T,3,H,W RGB in [0, 1] -> N,t,L,h,w latents. T is padded at the end by repeating
-        the last frame to a multiple of `t_downscale`; H and W must be multiples of 8 x patch size."""
+        """x: N,T,3,H,W RGB in [0, 1] -> N,t,L,h,w latents, t = `latent_frame_count(T)`. T is padded
+        at the end by repeating the last frame (to a multiple of `t_downscale`, or of the chunk);
+        H and W must be multiples of 8 x patch size."""
         self._check_video(x)
-        if self.patch_size > 1:
-            n, t = x.shape[:2]
-            x = F.pixel_unshuffle(x.flatten(0, 1), self.patch_size).unflatten(0, (n, t))
-        remainder = x.shape[1] % self.t_downscale
-        if remainder:
-            padding = x[:, -1:].expand(-1, self.t_downscale - remainder, -1, -1, -1)
-            x = torch.cat([x, padding], 1)
-        return self._run(self.encoder, x, parallel, show_progress_bar)
+        x = self._unshuffle(x)
+        chunk = self.args.chunk
+        if chunk is None:
+            return self._run(self.encoder, pad_with_last_frame(x, self.t_downscale), parallel, show_progress_bar)
+        chunks = pad_with_last_frame(x, chunk.frames).unflatten(1, (-1, chunk.frames))  # N,m,frames,C,H,W
+        chunks = F.pad(chunks, (0, 0, 0, 0, 0, 0, self.args.chunk_lead_frames, 0))  # zero frames in front
+        if parallel:  # chunks on the batch axis, so no memory crosses a chunk boundary
+            latents = self._run(self.encoder, chunks.flatten(0, 1), True, show_progress_bar)
+            latents = latents.unflatten(0, chunks.shape[:2]).flatten(1, 2)
+        else:  # one chunk after another, each from empty memory: O(1) memory in T
+            latents = torch.cat([run_sequential(self.encoder, chunks[:, i], show_progress_bar) for i in range(chunks.shape[1])], 1)
+        return latents[:, : latents.shape[1] - chunk.dropped_latents]
 
     def decode_video(self, z: torch.Tensor, parallel: bool = True, show_progress_bar: bool = False) -> torch.Tensor:
-        """z: N,t,L,h,w unscaled latents -> N,T,3,8ph,8pw RGB in [0, 1] (T from `decoded_frame_count`)."""
+        """z: N,t,L,h,w unscaled latents -> N,T,3,8ph,8pw RGB in [0, 1], T = `decoded_frame_count(t)`."""
         if z.ndim != 5 or z.shape[2] != self.latent_channels:
             raise ValueError(
                 f"decode_video expects N,T,{self.latent_channels},h,w latents for variant {self.variant}, "
                 f"got shape {tuple(z.shape)}"
             )
-        x = self._run(self.decoder, z, parallel, show_progress_bar)
-        x = self._finish_decoded(x)
-        return x[:, self.frames_to_trim :] if self.trims_leading_frames(z.shape[1]) else x
+        x = self._finish_decoded(self._run(self.decoder, z, parallel, show_progress_bar))
+        chunk = self.args.chunk
+        if chunk is None:
+            return x[:, self.frames_to_trim :] if self.trims_leading_frames(z.shape[1]) else x
+        # one sequence through the decoder (memory carried across chunks), trimmed chunk by chunk
+        per_chunk = self.args.chunk_decoded_frames
+        x = F.pad(x, (0, 0, 0, 0, 0, 0, 0, -x.shape[1] % per_chunk))  # black frames up to whole chunks
+        x = x.unflatten(1, (-1, per_chunk))[:, :, self.frames_to_trim :].flatten(1, 2)
+        return x[:, : x.shape[1] - chunk.dropped_latents * self.t_upscale]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Round trip: decode(encode(x))."""
         return self.decode_video(self.encode_video(x))
+
+    def _unshuffle(self, x: torch.Tensor) -> torch.Tensor:
+        if self.patch_size == 1:
+            return x
+        return F.pixel_unshuffle(x.flatten(0, 1), self.patch_size).unflatten(0, x.shape[:2])
 
     def _finish_decoded(self, x: torch.Tensor) -> torch.Tensor:
         if self.patch_size > 1:
@@ -437,6 +633,9 @@ class TAEHV(nn.Module):
         file (written by our exports) supplies what shapes cannot tell, such as the CogVideoX
         trim rule. A file whose shapes fit taehv/taecvx/taew2_1/taeos1_3 alike and has no
         model_info.json loads as the generic "taehv" variant: pass variant="taecvx" for CogVideoX.
+        LTX files load as "taeltx_2" (taeltx2_3 has the same shapes; the wide decoder is told by its
+        widths). A taeh3 file is refused without variant or model_info.json: its chunking changes
+        every frame count and no tensor shows it.
         """
         path = Path(path)
         state_dict = load_state_dict_file(path)
@@ -511,26 +710,43 @@ def write_model_info(model: TAEHV, directory: Path, **extra) -> Path:
 
 def infer_args_from_state_dict(state_dict: dict[str, torch.Tensor], source: Path | str = "file") -> TAEHVArgs:
     """Construction arguments from tensor shapes alone (see `TAEHV.from_pretrained`)."""
+    # "encoder.<i>.conv.weight" (no sub-index) is a TPool, "decoder.<i>.conv.weight" a TGrow: their
+    # 1x1 weights are [c, s*c] and [s*c, c], so the time strides need no channel table.
+    def time_weights(part: str) -> list[torch.Tensor]:
+        found = [(int(m.group(1)), v) for k, v in state_dict.items() if (m := re.fullmatch(rf"{part}\.(\d+)\.conv\.weight", k))]
+        return [v for _, v in sorted(found, key=lambda item: item[0])]
+
+    pools, grows = time_weights("encoder"), time_weights("decoder")
+    if len(pools) != 3 or len(grows) != 3:
+        raise ValueError(f"{source} is not a TAEHV state dict: it has {len(pools)} TPool and {len(grows)} TGrow weights, not 3 and 3")
     try:
         patch_size = round((state_dict["encoder.0.weight"].shape[1] // 3) ** 0.5)
         latent_channels = state_dict["encoder.17.weight"].shape[0]
-        encoder_time = tuple(state_dict[f"encoder.{i}.conv.weight"].shape[1] == 128 for i in (2, 7, 12))
-        if "decoder.0.weight" in state_dict:  # the base decoder starts with a parameter-free Clamp
-            decoder_kind, tgrow_keys, in_channels = "super", (7, 14, 21), (256, 128, 64)
+        if "decoder.0.weight" in state_dict:  # the base layout starts with a parameter-free Clamp
+            decoder_kind = "super"
         else:
-            decoder_kind, tgrow_keys, in_channels = "base", (7, 13, 19), (256, 128, 64)
-        decoder_time = tuple(
-            state_dict[f"decoder.{i}.conv.weight"].shape[0] == 2 * c for i, c in zip(tgrow_keys, in_channels)
-        )
+            width = state_dict["decoder.1.weight"].shape[0]
+            kinds = [kind for kind, widths in BASE_LAYOUT_WIDTHS.items() if widths[0] == width]
+            if not kinds:
+                raise ValueError(f"{source}: first decoder stage has {width} channels, no TAEHV decoder kind has that")
+            decoder_kind = kinds[0]
     except KeyError as error:
         raise ValueError(f"{source} is not a TAEHV state dict: key {error} is missing") from error
-    for name, args in VARIANTS.items():
-        if (args.patch_size, args.latent_channels, args.decoder_kind) == (patch_size, latent_channels, decoder_kind):
-            return replace(args, encoder_time_downscale=encoder_time, decoder_time_upscale=decoder_time)
-    raise ValueError(
-        f"{source}: no known TAEHV variant has patch_size={patch_size}, latent_channels={latent_channels}, "
-        f"decoder={decoder_kind}; pass variant=... and overrides explicitly"
-    )
+    encoder_time = tuple(w.shape[1] == 2 * w.shape[0] for w in pools)
+    decoder_time = tuple(w.shape[0] == 2 * w.shape[1] for w in grows)
+    matches = [a for a in VARIANTS.values() if (a.patch_size, a.latent_channels, a.decoder_kind) == (patch_size, latent_channels, decoder_kind)]
+    if not matches:
+        raise ValueError(
+            f"{source}: no known TAEHV variant has patch_size={patch_size}, latent_channels={latent_channels}, "
+            f"decoder={decoder_kind}; pass variant=... and overrides explicitly"
+        )
+    chunked = [a.variant for a in matches if a.chunk is not None]
+    if chunked:  # guessing would silently change every frame count
+        raise ValueError(
+            f"{source}: patch_size={patch_size}, latent_channels={latent_channels} is variant {chunked[0]!r}, whose "
+            f"time chunking no tensor shows: pass variant={chunked[0]!r} or keep {MODEL_INFO_FILENAME} beside the file"
+        )
+    return replace(matches[0], encoder_time_downscale=encoder_time, decoder_time_upscale=decoder_time)
 
 
 def narrow_tgrow_weights(model: TAEHV, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -553,50 +769,177 @@ def narrow_tgrow_weights(model: TAEHV, state_dict: dict[str, torch.Tensor]) -> d
 # --------------------------------------------------------------------------------------------
 
 
+_NEW_CHUNK = object()  # marker in the encoder's queue: the next frames start a chunk from empty memory
+
+
+class _StreamPart:
+    """The encoder or decoder side of a stream: queued inputs, and the lazily computed outputs of
+    the input being processed, so each call does only the work its one result needs."""
+
+    def __init__(self, model: nn.Sequential):
+        self.model = model
+        self.runner = SequentialRunner(model)
+        self.queue: deque = deque()
+        self.outputs: Iterator[torch.Tensor] = iter(())
+
+    def next_output(self) -> torch.Tensor | None:
+        while (output := next(self.outputs, None)) is None:
+            if not self.queue:
+                return None
+            item = self.queue.popleft()
+            if item is _NEW_CHUNK:
+                self.runner = SequentialRunner(self.model)
+            else:
+                self.outputs = self.runner.outputs(item)
+        return output
+
+
 class StreamingTAEHV:
-    """Encode frames or decode latents one at a time with O(1) memory in T.
+    """Upstream's streaming API: frames or latents go in as they arrive, one result comes out per
+    call, with O(1) memory in T and only the decoder work the returned frame needs.
+
+    Encode then decode (video to video):
+        stream = StreamingTAEHV(model)
+        for frame in frames:                        # frame: N,1,3,H,W in [0, 1] (any T works)
+            latent = stream.encode(frame)           # N,1,L,h,w once t_downscale frames are in, else None
+            decoded = stream.decode(latent)         # queues the latent (if any), returns the next frame or None
+        remaining = stream.flush()                  # pads the encoder input, returns the last frames
+
+    Decode only (e.g. a world model producing latents):
+        frame = stream.decode(latent)               # N,1,3,H,W: the first frame of this latent
+        while frame is not None:
+            show(frame)
+            frame = stream.decode()                 # the latent's other frames, one per call
+
+    The results equal `encode_video` / `decode_video`, with these streaming limits: CogVideoX-rule
+    models trim the leading frames only when `num_latent_frames` says the count is odd (upstream
+    never trims them while streaming); chunked models (taeh3) drop the first frames of every chunk
+    as decode_video does, but cannot drop or pad the end: for 5n+2 latents (the H3 rule) the frames
+    are the same, for other counts the end differs. Call `reset()` before a new stream.
+    """
+
+    def __init__(self, taehv: "TAEHV", num_latent_frames: int | None = None):
+        self.taehv = taehv
+        self.trims_leading_frames = (
+            not taehv.args.cogvideox_trim_rule if num_latent_frames is None else taehv.trims_leading_frames(num_latent_frames)
+        )
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget all state: the next frame or latent starts a new stream."""
+        self._encoder = _StreamPart(self.taehv.encoder)
+        self._decoder = _StreamPart(self.taehv.decoder)
+        self._held_latents: deque = deque()  # chunked models: the clip's last latents get dropped
+        self._last_frame: torch.Tensor | None = None
+        self.n_frames_encoded = 0  # frames queued for the encoder, end padding included
+        self.n_frames_decoded = 0  # decoder outputs, trimmed ones included
+
+    @torch.no_grad()
+    def encode(self, x: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Queue frames x (N,T,3,H,W in [0, 1], optional) and return the next latent (N,1,L,h,w), or
+        None when more input is needed."""
+        if x is not None:
+            self.taehv._check_video(x)
+            for frame in self.taehv._unshuffle(x).unbind(1):
+                self._queue_frame(frame)
+        chunk = self.taehv.args.chunk
+        while (latent := self._encoder.next_output()) is not None:
+            if chunk is None:
+                return latent[:, None]
+            self._held_latents.append(latent)  # released once it cannot be one of the clip's last
+            if len(self._held_latents) > chunk.dropped_latents:
+                return self._held_latents.popleft()[:, None]
+        return None
+
+    @torch.no_grad()
+    def decode(self, x: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Queue latents x (N,T,L,h,w, optional) and return the next decoded frame (N,1,3,H,W in
+        [0, 1]), or None when the queue is empty. Trimmed frames are never returned."""
+        if x is not None:
+            if x.ndim != 5 or x.shape[2] != self.taehv.latent_channels:
+                raise ValueError(f"decode expects N,T,{self.taehv.latent_channels},h,w latents, got shape {tuple(x.shape)}")
+            self._decoder.queue.extend(x.unbind(1))
+        while (raw := self._decoder.next_output()) is not None:
+            index = self.n_frames_decoded
+            self.n_frames_decoded += 1
+            if not self._is_trimmed(index):
+                return self.taehv._finish_decoded(raw[:, None])
+        return None
+
+    def flush_encoder(self) -> list[torch.Tensor]:
+        """End of input: pad with the last frame as encode_video does, return the remaining latents."""
+        chunk = self.taehv.args.chunk
+        if self._last_frame is not None:
+            for _ in range(-self.n_frames_encoded % (chunk.frames if chunk else self.taehv.t_downscale)):
+                self._queue_frame(self._last_frame)
+        latents = []
+        while (latent := self.encode()) is not None:
+            latents.append(latent)
+        self._held_latents.clear()  # chunked: dropped, as encode_video and the H3 VAE do
+        return latents
+
+    def flush_decoder(self) -> list[torch.Tensor]:
+        """All frames of the latents queued so far."""
+        frames = []
+        while (frame := self.decode()) is not None:
+            frames.append(frame)
+        return frames
+
+    def flush(self) -> list[torch.Tensor]:
+        """End of a video-to-video stream: the remaining latents decoded, as a list of frames."""
+        frames = [frame for latent in self.flush_encoder() if (frame := self.decode(latent)) is not None]
+        return frames + self.flush_decoder()
+
+    def _queue_frame(self, frame: torch.Tensor) -> None:
+        args = self.taehv.args
+        if args.chunk is not None and self.n_frames_encoded % args.chunk.frames == 0:
+            self._encoder.queue.append(_NEW_CHUNK)
+            self._encoder.queue.extend([torch.zeros_like(frame)] * args.chunk_lead_frames)
+        self._encoder.queue.append(frame)
+        self._last_frame = frame
+        self.n_frames_encoded += 1
+
+    def _is_trimmed(self, index: int) -> bool:
+        args = self.taehv.args
+        if args.chunk is not None:
+            return index % args.chunk_decoded_frames < args.frames_to_trim
+        return self.trims_leading_frames and index < args.frames_to_trim
+
+
+class FrameStreamer:
+    """This project's earlier streaming API (list-returning, single 4-D frames), on StreamingTAEHV.
 
     encode(frame N,3,H,W) -> list of latents (N,L,h,w) completed by this frame (0 or 1 items);
     flush() -> the last latent(s), padding pending frames with the last frame as encode_video does;
-    decode(latent N,L,h,w) -> list of decoded frames (N,3,H,W), leading frames trimmed as in
+    decode(latent N,L,h,w) -> list of all decoded frames (N,3,H,W) it completes, trimmed as in
     decode_video. CogVideoX-rule models need `num_latent_frames` to know whether to trim.
     """
 
-    def __init__(self, model: TAEHV, num_latent_frames: int | None = None):
+    def __init__(self, model: "TAEHV", num_latent_frames: int | None = None):
         if model.args.cogvideox_trim_rule and num_latent_frames is None:
             raise ValueError(
                 f"variant {model.variant} trims decoded frames only for an odd latent count: "
-                "pass num_latent_frames to StreamingTAEHV"
+                "pass num_latent_frames to FrameStreamer"
             )
         self.model = model
-        self.encoder = SequentialRunner(model.encoder)
-        self.decoder = SequentialRunner(model.decoder)
-        self.pending_frames = 0
-        self.last_frame: torch.Tensor | None = None
-        trims = num_latent_frames is None or model.trims_leading_frames(num_latent_frames)
-        self.frames_left_to_trim = model.frames_to_trim if trims else 0
+        self.stream = StreamingTAEHV(model, num_latent_frames)
 
-    @torch.no_grad()
     def encode(self, frame: torch.Tensor) -> list[torch.Tensor]:
-        self.last_frame = frame
-        self.pending_frames = (self.pending_frames + 1) % self.model.t_downscale
-        if self.model.patch_size > 1:
-            frame = F.pixel_unshuffle(frame, self.model.patch_size)
-        return self.encoder.push(frame)
-
-    @torch.no_grad()
-    def flush(self) -> list[torch.Tensor]:
-        latents: list[torch.Tensor] = []
-        while self.pending_frames:
-            latents += self.encode(self.last_frame)
+        latents, latent = [], self.stream.encode(frame[:, None])
+        while latent is not None:
+            latents.append(latent[:, 0])
+            latent = self.stream.encode()
         return latents
 
-    @torch.no_grad()
+    def flush(self) -> list[torch.Tensor]:
+        return [latent[:, 0] for latent in self.stream.flush_encoder()]
+
     def decode(self, latent: torch.Tensor) -> list[torch.Tensor]:
-        frames = [self.model._finish_decoded(y[:, None])[:, 0] for y in self.decoder.push(latent)]
-        drop = min(self.frames_left_to_trim, len(frames))
-        self.frames_left_to_trim -= drop
-        return frames[drop:]
+        frames, frame = [], self.stream.decode(latent[:, None])
+        while frame is not None:
+            frames.append(frame[:, 0])
+            frame = self.stream.decode()
+        return frames
 
 
 def parameter_count(module: nn.Module) -> int:
