@@ -275,10 +275,13 @@ def load_config(
 def valid_frame_counts(config: TrainConfig, limit: int = 64) -> list[int]:
     """Counts whose reference latents decode back to the same frames (models/reference_vae.py:
     4k+1 for hunyuan and wan, 8k+1 for cogvideox). Autoencoder mode needs whole latent frames of
-    the student: multiples of 4."""
+    the student (multiples of its t_downscale; a chunked variant such as taeh3 its own rule)."""
     if config.use_ref_vae:
         return reference_frame_counts(config.ref_vae_family, limit)
-    return [n for n in range(4, limit) if n % 4 == 0]
+    student = VARIANTS[config.model_variant]
+    if student.chunk is not None:
+        return student.valid_frame_counts(limit - 1)
+    return [n for n in range(student.t_downscale, limit) if n % student.t_downscale == 0]
 
 
 def _nearest(value: int, candidates: list[int]) -> str:
@@ -287,9 +290,12 @@ def _nearest(value: int, candidates: list[int]) -> str:
 
 
 def decoded_frame_count(config: TrainConfig) -> int:
-    """Frames the student's round trip of an n_frames clip gives back (the decoder trims the first
-    3 of its 4 x latents outputs in autoencoder mode; the reference VAE's 4k+1 / 8k+1 rule keeps n)."""
-    return config.n_frames if config.use_ref_vae else config.n_frames - 3
+    """Frames the student's round trip of an n_frames clip gives back (the reference VAE's rule
+    keeps n; in autoencoder mode the decoder trims its first frames_to_trim outputs)."""
+    if config.use_ref_vae:
+        return config.n_frames
+    student = VARIANTS[config.model_variant]
+    return student.decoded_frame_count(student.latent_frame_count(config.n_frames))
 
 
 def latent_space(config: TrainConfig) -> str:
@@ -312,12 +318,16 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
     frames = valid_frame_counts(c)
     if c.n_frames not in frames:
         rule = "{}k+{}".format(*FRAME_RULES[c.ref_vae_family])
-        mode = f"the {c.ref_vae_family} reference VAE (needs {rule})" if c.use_ref_vae else "autoencoder mode (needs a multiple of 4)"
+        if not c.use_ref_vae:
+            rule = "{}k+{}".format(*VARIANTS[c.model_variant].frame_rule()) if VARIANTS[c.model_variant].chunk else \
+                f"a multiple of {VARIANTS[c.model_variant].t_downscale}"
+        mode = f"the {c.ref_vae_family} reference VAE (needs {rule})" if c.use_ref_vae else f"autoencoder mode (needs {rule})"
         raise ConfigError(f"n_frames={c.n_frames} gives no whole latent frame count for {mode}: use {_nearest(c.n_frames, frames)}")
-    latent_frames = -(-c.n_frames // 4)
-    if latent_frames < 2 and not c.image_only:  # TGrow's other outputs and the memory blocks' `past` get no gradient
+    student = VARIANTS[c.model_variant]
+    if student.latent_frame_count(c.n_frames) < 2 and not c.image_only:  # TGrow's other outputs and the memory blocks' `past` get no gradient
+        enough = min(n for n in frames if student.latent_frame_count(n) >= 2)
         raise ConfigError(f"n_frames={c.n_frames} gives 1 latent frame: the decoder's temporal layers would not train; "
-                          f"use {min(n for n in frames if n > 4)} or more (or set image_only=true for an image autoencoder)")
+                          f"use {enough} or more (or set image_only=true for an image autoencoder)")
     decoded_frames = decoded_frame_count(c)
     if c.seraena_weight > 0 and decoded_frames < 3:
         raise ConfigError(f"seraena_weight={c.seraena_weight} needs at least 3 decoded frames (one group), "
@@ -458,7 +468,7 @@ def read_accelerate_file(accelerate_config: str) -> dict:
 
 def resolve(c: TrainConfig) -> None:
     """Derived values, computed once after every override."""
-    c.latent_frames = -(-c.n_frames // 4)
+    c.latent_frames = VARIANTS[c.model_variant].latent_frame_count(c.n_frames)
     c.warmup_fraction = round(c.warmup_steps / c.max_steps, 6)
     if c.global_batch_size == 0:
         c.global_batch_size = c.batch_size_per_gpu * c.num_processes * c.gradient_accumulation_steps
