@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from models.metrics import LPIPSUnavailable, load_lpips, psnr, ssim
+from models.reference_vae import FAMILIES
 from models.taehv import TAEHV
 from training.dataset import ClipError, probe_video, read_clip, read_index, resize_and_crop
 
@@ -347,7 +348,7 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--height", type=int, default=480)
     parser.add_argument("--width", type=int, default=720)
     parser.add_argument("--native", action="store_true", help="each clip at its own size (see above)")
-    parser.add_argument("--ref-vae", choices=("cogvideox", "hunyuan", "wan"), help="reference VAE family")
+    parser.add_argument("--ref-vae", choices=FAMILIES, help="reference VAE family")
     parser.add_argument("--ref-vae-path", help="local diffusers folder or hub id of the reference VAE")
     parser.add_argument("--ref-vae-latent-space", choices=("auto", "raw", "scaled", "normalized"),
                         help="latent space of the reference latents the student decodes (default: the one the model's "

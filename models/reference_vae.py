@@ -1,6 +1,9 @@
-"""Reference VAEs the student is distilled from: diffusers AutoencoderKLCogVideoX (cogvideox),
-AutoencoderKLHunyuanVideo (hunyuan) and AutoencoderKLWan (wan), behind one interface in our
-conventions: videos N,T,3,H,W in [0, 1], latents N,t,C,h,w in the family's latent space.
+"""Reference VAEs the student is distilled from, diffusers classes behind one interface in our
+conventions (videos N,T,3,H,W in [0, 1], latents N,t,C,h,w in the family's latent space):
+cogvideox AutoencoderKLCogVideoX, hunyuan AutoencoderKLHunyuanVideo, hunyuan1_5
+AutoencoderKLHunyuanVideo15, wan AutoencoderKLWan (2.1, or 2.2's 48-channel patch-2 layout, from
+its config), ltx AutoencoderKLLTXVideo, ltx2 AutoencoderKLLTX2Video, minimax_h3
+AutoencoderKLMiniMaxH3 (ImageNet-normalised pixels).
 
 Latent spaces. The student must learn the space the public TAEHV weights of its family work in,
 or fine-tuning them trains toward another target than the one they start from and serve. Each
@@ -16,7 +19,10 @@ Defaults (`ref_vae_latent_space=auto`), with the evidence (../shared/reference/R
   wan        normalized: the public TAEW2.1/TAEW2.2 demos plug TAEHV into the Wan pipeline with
              latents_mean=0 and latents_std=1, so TAEHV decodes (raw - mean) / std; upstream's
              example Wan latents have RMS 0.94 and channel means near 0 (raw ones do not).
-  hunyuan    scaled: not stated upstream; this is the space HunyuanVideo's transformer works in.
+  hunyuan, hunyuan1_5  scaled: not stated upstream; the space their pipelines hand the transformer.
+  ltx, ltx2, minimax_h3  normalized: not stated upstream; the space their pipelines hand the
+             transformer (LTX: (raw - latents_mean) * scaling_factor / latents_std, its statistics
+             being buffers of the VAE; MiniMax H3: (raw - latents_mean) / latents_std of its config).
 
 Frame alignment, measured on each class: for the valid input counts below, t latents decode to
 the same T frames that went in, decoded frame j showing input frame j, and the student's
@@ -31,9 +37,13 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-FAMILIES = ("cogvideox", "hunyuan", "wan")
-# valid frame counts: n % modulus == remainder (and n >= remainder + modulus for at least two latents)
-FRAME_RULES = {"cogvideox": (8, 1), "hunyuan": (4, 1), "wan": (4, 1)}
+FAMILIES = ("cogvideox", "hunyuan", "hunyuan1_5", "wan", "ltx", "ltx2", "minimax_h3")
+# valid frame counts: n % modulus == remainder (and n >= remainder + modulus for at least two latents),
+# measured on each class: Hunyuan 1.5 and Wan (2.1, 2.2) 4k+1, LTX and LTX-2 8k+1, MiniMax H3 17n+5 -> 5n+2
+FRAME_RULES = {"cogvideox": (8, 1), "hunyuan": (4, 1), "hunyuan1_5": (4, 1), "wan": (4, 1), "ltx": (8, 1), "ltx2": (8, 1),
+               "minimax_h3": (17, 5)}
+# MiniMax H3's VAE takes and returns ImageNet-normalised pixels; the others [-1, 1]
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 def is_valid_frame_count(family: str, n_frames: int) -> bool:
@@ -46,9 +56,13 @@ def valid_frame_counts(family: str, limit: int = 64) -> list[int]:
 
 
 LATENT_SPACES = ("raw", "scaled", "normalized")
-DEFAULT_LATENT_SPACE = {"cogvideox": "raw", "hunyuan": "scaled", "wan": "normalized"}
-# the spaces a family's VAE config can express (CogVideoX and Hunyuan have no latents_mean/std, Wan no scaling_factor)
-SUPPORTED_LATENT_SPACES = {"cogvideox": ("raw", "scaled"), "hunyuan": ("raw", "scaled"), "wan": ("raw", "normalized")}
+# evidence for cogvideox and wan; the others: the space their diffusion pipeline works in (module docstring)
+DEFAULT_LATENT_SPACE = {"cogvideox": "raw", "hunyuan": "scaled", "hunyuan1_5": "scaled", "wan": "normalized",
+                        "ltx": "normalized", "ltx2": "normalized", "minimax_h3": "normalized"}
+# the spaces a family's VAE can express (CogVideoX and Hunyuan have no latents_mean/std, Wan and MiniMax H3 no scaling_factor)
+SUPPORTED_LATENT_SPACES = {"cogvideox": ("raw", "scaled"), "hunyuan": ("raw", "scaled"), "hunyuan1_5": ("raw", "scaled"),
+                           "wan": ("raw", "normalized"), "ltx": ("raw", "normalized"), "ltx2": ("raw", "normalized"),
+                           "minimax_h3": ("raw", "normalized")}
 
 
 def resolve_latent_space(family: str, choice: str = "auto") -> str:
@@ -60,22 +74,31 @@ def resolve_latent_space(family: str, choice: str = "auto") -> str:
     return space
 
 
-def latent_space_transform(vae_config, space: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(shift, scale), each of the VAE's latent-channel count, from its diffusers config."""
-    channels = vae_config.get("latent_channels") or vae_config.get("z_dim")
+def latent_space_transform(vae: nn.Module, space: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(shift, scale), each of the VAE's latent-channel count, from its diffusers config (LTX and
+    LTX-2 keep latents_mean/std as buffers and also apply their scaling_factor, as their pipelines do)."""
+    config = vae.config
+    channels = config.get("latent_channels") or config.get("z_dim")
     shift, scale = torch.zeros(channels), torch.ones(channels)
+    buffers = dict(vae.named_buffers())
     if space == "scaled":
-        scale = scale * float(vae_config["scaling_factor"])
+        scale = scale * float(config["scaling_factor"])
+    elif space == "normalized" and "latents_mean" in buffers:
+        shift = buffers["latents_mean"].detach().float().cpu()
+        scale = float(config.get("scaling_factor", 1.0)) / buffers["latents_std"].detach().float().cpu()
     elif space == "normalized":
-        shift = torch.tensor(vae_config["latents_mean"], dtype=torch.float32)
-        scale = 1 / torch.tensor(vae_config["latents_std"], dtype=torch.float32)
+        shift = torch.tensor(config["latents_mean"], dtype=torch.float32)
+        scale = 1 / torch.tensor(config["latents_std"], dtype=torch.float32)
     return shift, scale
 
 
 def vae_class(family: str):
-    from diffusers import AutoencoderKLCogVideoX, AutoencoderKLHunyuanVideo, AutoencoderKLWan
+    import diffusers
 
-    return {"cogvideox": AutoencoderKLCogVideoX, "hunyuan": AutoencoderKLHunyuanVideo, "wan": AutoencoderKLWan}[family]
+    return getattr(diffusers, {"cogvideox": "AutoencoderKLCogVideoX", "hunyuan": "AutoencoderKLHunyuanVideo",
+                               "hunyuan1_5": "AutoencoderKLHunyuanVideo15", "wan": "AutoencoderKLWan",
+                               "ltx": "AutoencoderKLLTXVideo", "ltx2": "AutoencoderKLLTX2Video",
+                               "minimax_h3": "AutoencoderKLMiniMaxH3"}[family])
 
 
 class ReferenceVAE(nn.Module):
@@ -89,7 +112,7 @@ class ReferenceVAE(nn.Module):
         self.family = family
         self.sample_latents = sample_latents
         self.latent_space = resolve_latent_space(family, latent_space)
-        shift, scale = latent_space_transform(vae.config, self.latent_space)
+        shift, scale = latent_space_transform(vae, self.latent_space)
         device = next(vae.parameters()).device
         self.register_buffer("shift", shift.view(1, 1, -1, 1, 1).to(device), persistent=False)  # over N,t,C,h,w
         self.register_buffer("scale", scale.view(1, 1, -1, 1, 1).to(device), persistent=False)
@@ -116,8 +139,21 @@ class ReferenceVAE(nn.Module):
         if not is_valid_frame_count(self.family, video.shape[1]):
             raise ValueError(f"{video.shape[1]} frames do not suit the {self.family} VAE: use one of "
                              f"{valid_frame_counts(self.family, 50)}")
-        x = (video.permute(0, 2, 1, 3, 4) * 2 - 1).to(self.dtype)  # N,C,T,H,W in [-1, 1]
-        return self.vae.encode(x).latent_dist
+        x = self._to_vae_pixels(video.permute(0, 2, 1, 3, 4))  # N,C,T,H,W in the VAE's pixel convention
+        return self.vae.encode(x.to(self.dtype)).latent_dist
+
+    def _to_vae_pixels(self, frames: torch.Tensor) -> torch.Tensor:
+        """N,C,T,H,W in [0, 1] -> [-1, 1], or ImageNet-normalised for MiniMax H3."""
+        if self.family == "minimax_h3":
+            mean = frames.new_tensor(IMAGENET_MEAN).view(1, 3, 1, 1, 1)
+            return (frames - mean) / frames.new_tensor(IMAGENET_STD).view(1, 3, 1, 1, 1)
+        return frames * 2 - 1
+
+    def _from_vae_pixels(self, frames: torch.Tensor) -> torch.Tensor:
+        if self.family == "minimax_h3":
+            mean = frames.new_tensor(IMAGENET_MEAN).view(1, 3, 1, 1, 1)
+            return (frames * frames.new_tensor(IMAGENET_STD).view(1, 3, 1, 1, 1) + mean).clamp(0, 1)
+        return ((frames + 1) / 2).clamp(0, 1)
 
     def _checked(self, latents: torch.Tensor) -> torch.Tensor:
         latents = latents.float().permute(0, 2, 1, 3, 4).contiguous()
@@ -131,8 +167,11 @@ class ReferenceVAE(nn.Module):
         """Latents in the latent space (N,t,C,h,w) -> frames N,T,3,H,W in [0, 1]."""
         raw = latents.float() / self.scale + self.shift
         x = raw.permute(0, 2, 1, 3, 4).to(self.dtype)
-        frames = self.vae.decode(x).sample.float()
-        return ((frames + 1) / 2).clamp(0, 1).permute(0, 2, 1, 3, 4).contiguous()
+        if self.vae.config.get("timestep_conditioning"):  # LTX decoders: timestep 0, as their pipelines decode
+            frames = self.vae.decode(x, temb=torch.zeros(x.shape[0], device=x.device, dtype=x.dtype)).sample
+        else:
+            frames = self.vae.decode(x).sample
+        return self._from_vae_pixels(frames.float()).permute(0, 2, 1, 3, 4).contiguous()
 
 
 def load_reference_vae(family: str, path_or_id: str, device: torch.device, sample_latents: bool = True,
@@ -164,8 +203,14 @@ def load_reference_vae(family: str, path_or_id: str, device: torch.device, sampl
     return ReferenceVAE(vae, family, sample_latents, latent_space)
 
 
-def tiny_reference_vae_config(family: str) -> dict:
-    """A few-hundred-thousand-parameter configuration of the real class, for tests and the CPU."""
+def _statistics(channels: int) -> tuple[list[float], list[float]]:
+    """Per-channel latents_mean / latents_std far from 0 and 1, so tests tell the spaces apart."""
+    return [0.3 * ((i % 7) - 3) for i in range(channels)], [0.5 + 0.25 * (i % 5) for i in range(channels)]
+
+
+def tiny_reference_vae_config(family: str, wan_layout: str = "2.1") -> dict:
+    """A small configuration of the real class (0.1-2.2 M parameters), for tests and the CPU;
+    `wan_layout="2.2"` gives Wan 2.2's 48-channel, patch-2 layout."""
     if family == "cogvideox":
         return dict(down_block_types=("CogVideoXDownBlock3D",) * 4, up_block_types=("CogVideoXUpBlock3D",) * 4,
                     block_out_channels=(8, 8, 16, 16), latent_channels=16, layers_per_block=1, norm_num_groups=4,
@@ -174,5 +219,63 @@ def tiny_reference_vae_config(family: str) -> dict:
         return dict(down_block_types=("HunyuanVideoDownBlock3D",) * 4, up_block_types=("HunyuanVideoUpBlock3D",) * 4,
                     block_out_channels=(8, 8, 16, 16), latent_channels=16, layers_per_block=1, norm_num_groups=4,
                     mid_block_add_attention=False)
-    return dict(base_dim=8, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=1, attn_scales=[],
-                temperal_downsample=[False, True, True])
+    if family == "hunyuan1_5":  # 16x: five widths; the last a multiple of 2 x latent channels
+        return dict(block_out_channels=(8, 8, 16, 16, 64), layers_per_block=1, latent_channels=32)
+    if family == "wan" and wan_layout == "2.2":
+        mean, std = _statistics(48)
+        return dict(base_dim=8, decoder_base_dim=8, z_dim=48, dim_mult=[1, 2, 4, 4], num_res_blocks=1, attn_scales=[],
+                    temperal_downsample=[False, True, True], is_residual=True, in_channels=12, out_channels=12,
+                    patch_size=2, scale_factor_spatial=16, scale_factor_temporal=4, latents_mean=mean, latents_std=std)
+    if family == "wan":
+        return dict(base_dim=8, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=1, attn_scales=[],
+                    temperal_downsample=[False, True, True])
+    if family == "ltx":
+        return dict(block_out_channels=(8, 8, 8, 8), decoder_block_out_channels=(8, 8, 8, 8),
+                    layers_per_block=(1, 1, 1, 1, 1), decoder_layers_per_block=(1, 1, 1, 1, 1), latent_channels=128)
+    if family == "ltx2":
+        return dict(block_out_channels=(8, 16, 32, 64), decoder_block_out_channels=(8, 16, 32),
+                    layers_per_block=(1, 1, 1, 1, 1), decoder_layers_per_block=(1, 1, 1, 1), latent_channels=128)
+    if family == "minimax_h3":
+        mean, std = _statistics(24)
+        return dict(block_out_channels=(8, 8, 16, 16), spatial_downsample_factors=(2, 2, 2, 2),
+                    temporal_downsample_factors=(1, 2, 2, 1), layers_per_block=1, norm_num_groups=4, decoder_num_layers=1,
+                    decoder_num_attention_heads=1, decoder_attention_head_dim=16, decoder_num_register_tokens=1,
+                    decoder_ffn_mult=1, latents_mean=mean, latents_std=std)
+    raise ValueError(f"unknown reference VAE family {family!r}; choose one of {', '.join(FAMILIES)}")
+
+
+def tiny_reference_vae(family: str, wan_layout: str = "2.1") -> nn.Module:
+    """The real class at tiny_reference_vae_config, with LTX's latents_mean/std buffers (saved
+    with the weights) set far from 0 and 1 as well."""
+    vae = vae_class(family)(**tiny_reference_vae_config(family, wan_layout))
+    buffers = dict(vae.named_buffers())
+    if "latents_mean" in buffers:
+        mean, std = _statistics(buffers["latents_mean"].numel())
+        buffers["latents_mean"].copy_(torch.tensor(mean))
+        buffers["latents_std"].copy_(torch.tensor(std))
+    return vae.eval()
+
+
+@torch.no_grad()
+def student_fit_problem(reference: ReferenceVAE, variant: str) -> str:
+    """'' when the student's latents have the reference's shape; else one line naming the
+    variants that fit. Measured: one small encode (64x64, the smallest valid clip of 2+ latents)."""
+    from models.taehv import VARIANTS
+
+    frames = valid_frame_counts(reference.family, 64)[0]
+    side = 64
+    device = reference.shift.device
+    latents = reference.encode(torch.full((1, frames, 3, side, side), 0.5, device=device))
+    _, t, channels, h, _ = latents.shape
+
+    def fits(name: str) -> bool:
+        args = VARIANTS[name]
+        return (args.latent_channels, 8 * args.patch_size, args.latent_frame_count(frames)) == (channels, side // h, t)
+
+    if fits(variant):
+        return ""
+    args = VARIANTS[variant]
+    matching = [name for name in VARIANTS if fits(name)]
+    return (f"model_variant={variant} gives {args.latent_channels} latent channels, {8 * args.patch_size}x spatial and "
+            f"{args.latent_frame_count(frames)} latent frames for {frames} frames, but this {reference.family} VAE gives "
+            f"{channels}, {side // h}x and {t}: use model_variant={' or '.join(matching) if matching else '(none fits)'}")

@@ -86,11 +86,15 @@ def build_reference_vae(config: TrainConfig, device):
     """None in autoencoder mode or with a latent cache; otherwise the frozen reference VAE (errors name the path)."""
     if not config.use_ref_vae or config.latent_cache:
         return None
-    from models.reference_vae import load_reference_vae
+    from models.reference_vae import load_reference_vae, student_fit_problem
 
-    return load_reference_vae(config.ref_vae_family, config.ref_vae_path, device,
-                              sample_latents=config.ref_vae_sample_latents, tiling=config.ref_vae_tiling,
-                              latent_space=config.ref_vae_latent_space)
+    reference = load_reference_vae(config.ref_vae_family, config.ref_vae_path, device,
+                                   sample_latents=config.ref_vae_sample_latents, tiling=config.ref_vae_tiling,
+                                   latent_space=config.ref_vae_latent_space)
+    problem = student_fit_problem(reference, config.model_variant)  # before any training work
+    if problem:
+        raise RuntimeError(problem)
+    return reference
 
 
 def build_seraena(config: TrainConfig, accelerator, taehv: TAEHV):

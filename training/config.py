@@ -55,7 +55,8 @@ class TrainConfig:
     ema_decay: float = option(0.999, "decay of the averaged weights that are validated and exported; 0 = off")
     # --- reference VAE -------------------------------------------------------------------------
     use_ref_vae: bool = option(True, "distill from a reference VAE; False = autoencoder mode (no downloads)")
-    ref_vae_family: str = option("cogvideox", "reference VAE family: cogvideox, hunyuan or wan")
+    ref_vae_family: str = option("cogvideox", "reference VAE family: cogvideox, hunyuan, hunyuan1_5, wan (2.1 or 2.2, "
+                                 "from its config), ltx, ltx2 or minimax_h3")
     ref_vae_path: str = option("pretrained/CogVideoX-2b", "local diffusers folder, or hub id already in the Hugging Face cache (subfolder vae)")
     ref_vae_sample_latents: bool = option(True, "use latent_dist.sample() (True) or its mean (False)")
     ref_vae_tiling: bool = option(False, "enable the reference VAE's tiled encode (saves memory, slower)")

@@ -38,7 +38,8 @@ GB = 1e9
 CUDA_CONTEXT_GB = 1.5
 HOST_BASELINE_GB = 3.0  # python, torch, CUDA libraries, the model copies of one rank process
 DEEPSPEED_BUCKET_ELEMENTS = 5e8
-REFERENCE_VAE_PARAMS = {"cogvideox": 215.6e6, "hunyuan": 246.5e6, "wan": 126.9e6}
+REFERENCE_VAE_PARAMS = {"cogvideox": 215.6e6, "hunyuan": 246.5e6, "wan": 126.9e6,  # Wan 2.2's layout: 704.7e6
+                        "hunyuan1_5": 1260.6e6, "ltx": 419.2e6, "ltx2": 1222.5e6, "minimax_h3": 2603.9e6}
 LPIPS_PARAMS = 2.47e6 + 0.0015e6  # AlexNet features + linear heads
 HEADROOM = 0.9  # suggested fixes aim at 90% of gpu_memory_gb: the backward's working memory is not counted
 
