@@ -13,12 +13,12 @@ import torch
 
 from conftest import REPO_ROOT, free_port
 from models.metrics import LPIPS, save_random_lpips_weights
-from models.reference_vae import ReferenceVAE, tiny_reference_vae_config, vae_class
+from models.reference_vae import ReferenceVAE, tiny_reference_vae, tiny_reference_vae_config, vae_class
 from models.taehv import TAEHV
 from training.distill import SeraenaState, Student, compute_losses
 
-STUDENT_FOR = {"cogvideox": "taecvx", "hunyuan": "taehv", "wan": "taew2_1"}
-FRAMES_FOR = {"cogvideox": 9, "hunyuan": 9, "wan": 5}
+STUDENT_FOR = {"cogvideox": "taecvx", "hunyuan": "taehv", "wan": "taew2_1", "ltx2": "taeltx2_3", "minimax_h3": "taeh3"}
+FRAMES_FOR = {"cogvideox": 9, "hunyuan": 9, "wan": 5, "ltx2": 9, "minimax_h3": 22}
 
 
 def tiny_reference(family: str) -> ReferenceVAE:
@@ -155,9 +155,9 @@ def test_zero_weights_skip_their_computation_and_others_reach_the_student(monkey
 @pytest.fixture(scope="module")
 def tiny_vae_folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("reference_vaes")
-    for family in ("cogvideox", "hunyuan", "wan"):
+    for family in ("cogvideox", "hunyuan", "wan", "ltx2", "minimax_h3"):
         torch.manual_seed(0)
-        vae_class(family)(**tiny_reference_vae_config(family)).save_pretrained(str(root / family / "vae"))
+        tiny_reference_vae(family).save_pretrained(str(root / family / "vae"))
     return root
 
 
@@ -180,13 +180,14 @@ def launch(ngpu, run_dir, sets, resume=None):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family, processes", [("cogvideox", 2), ("hunyuan", 1), ("wan", 1)])
+@pytest.mark.parametrize("family, processes", [("cogvideox", 2), ("hunyuan", 1), ("wan", 1), ("minimax_h3", 1)])
 def test_distillation_runs_with_each_reference_family(family, processes, tiny_vae_folders, clips, tmp_path):
     run_dir = tmp_path / "run"
+    side = 64 if family == "ltx2" else 32  # LTX-2 compresses 32x: two latents across
     result = launch(processes, run_dir, [
         f"data_root={clips}", "use_ref_vae=true", f"ref_vae_family={family}", f"ref_vae_path={tiny_vae_folders / family}",
         f"n_frames={FRAMES_FOR[family]}", "encoder_weight=0.1", "decoder_weight=0.1", "seraena_weight=0.1",
-        f"model_variant={STUDENT_FOR[family]}",
+        f"model_variant={STUDENT_FOR[family]}", f"height={side}", f"width={side}",
     ])
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"distilling from {family}" in result.stdout
@@ -203,7 +204,7 @@ def test_distillation_runs_with_each_reference_family(family, processes, tiny_va
     assert all(torch.equal(ema["shadow"][k].cpu(), v) for k, v in exported.items())
     info = json.loads((run_dir / "final" / "model_info.json").read_text())
     assert info["step"] == 4 and info["metrics"]["psnr"] > 0
-    space = {"cogvideox": "raw", "hunyuan": "scaled", "wan": "normalized"}[family]
+    space = {"cogvideox": "raw", "hunyuan": "scaled"}.get(family, "normalized")
     assert info["reference"] == {"family": family, "latent_space": space}
     topology = json.loads((run_dir / "checkpoints" / "checkpoint-4" / "topology.json").read_text())
     assert topology["ref_vae_latent_space"] == space

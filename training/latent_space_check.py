@@ -35,7 +35,7 @@ def latent_space_report(student, reference, videos: list[torch.Tensor]) -> dict:
     student_latents, raw = torch.cat(student_latents), torch.cat(raw)
     report = {"configured": reference.latent_space, "student": channel_stats(student_latents), "spaces": {}}
     for space in SUPPORTED_LATENT_SPACES[reference.family]:
-        shift, scale = (t.to(raw.device).view(1, 1, -1, 1, 1) for t in latent_space_transform(reference.vae.config, space))
+        shift, scale = (t.to(raw.device).view(1, 1, -1, 1, 1) for t in latent_space_transform(reference.vae, space))
         target = (raw - shift) * scale
         mismatch = ((student_latents - target).pow(2).mean() / target.pow(2).mean().clamp_min(1e-12)).item()
         report["spaces"][space] = {"mismatch": mismatch, **channel_stats(target)}
