@@ -127,7 +127,6 @@ fi
 if (( CPU_PROFILE )); then
   GPU_IDS="none (CPU profile)"
 else
-  VISIBLE_GPUS="$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)"
   (( VISIBLE_GPUS >= NGPU )) || machine_problem "asked for $NGPU GPUs but $VISIBLE_GPUS are visible (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-unset}); lower NGPU or free GPUs"
   GPU_IDS="${CUDA_VISIBLE_DEVICES:-$(seq -s, 0 $((NGPU - 1)))}"
 fi
@@ -194,25 +193,19 @@ if (( DRY_RUN )); then
   for name in "${ENV_NAMES[@]+"${ENV_NAMES[@]}"}"; do echo "  $name=${!name}"; done
   echo "command:"
   printf ' %q' "${LAUNCH[@]}"; echo
-  CONFIG_ARGS=("$CONFIG" --num-processes "$TOTAL_PROCESSES" --set "output_dir=$OUTPUT_DIR" "${SET_ARGS[@]+"${SET_ARGS[@]}"}" --quiet)
-  echo "resolved config:"
-  "$PYTHON" -m training.config "${CONFIG_ARGS[@]}" --no-check-paths
-  echo "memory (estimated per rank; training/memory.py, docs/performance.md):"
-  "$PYTHON" -m training.config "${MEMORY_ARGS[@]}" 2>&1 || MEMORY_PROBLEM=1
   echo "machine:"
   for warning in "${MACHINE_WARNINGS[@]+"${MACHINE_WARNINGS[@]}"}"; do echo "  warning: $warning"; done
   (( ${#MACHINE_WARNINGS[@]} )) || echo "  ok"
-  echo "inputs:"
-  if "$PYTHON" -m training.config "${CONFIG_ARGS[@]}" --list-input-problems; then
-    echo "  ok: every file and folder the config names is there"
-    if (( ${MEMORY_PROBLEM:-0} )); then
-      echo "${RED}dry run: the estimated GPU memory exceeds gpu_memory_gb (above, with the fix); nothing started${RESET}"
-      exit 1
-    fi
-    echo "${GREEN}dry run: nothing started${RESET}"
-    exit 0
-  fi
-  echo "${RED}dry run: inputs are missing (listed above, each with its fix); nothing started${RESET}"
+  # resolved config, memory estimate and every input problem, in one process (one torch import)
+  REPORT_ARGS=("$CONFIG" --num-processes "$TOTAL_PROCESSES" --set "output_dir=$OUTPUT_DIR" "${SET_ARGS[@]+"${SET_ARGS[@]}"}" --quiet --dry-run-report)
+  (( CPU_PROFILE )) || REPORT_ARGS+=(--check-gpu-budget)
+  REPORT_STATUS=0; "$PYTHON" -m training.config "${REPORT_ARGS[@]}" 2>&1 || REPORT_STATUS=$?
+  case "$REPORT_STATUS" in
+    0) echo "${GREEN}dry run: nothing started${RESET}"; exit 0 ;;
+    1) echo "${RED}dry run: inputs are missing (listed above, each with its fix); nothing started${RESET}" ;;
+    3) echo "${RED}dry run: the estimated GPU memory exceeds gpu_memory_gb (above, with the fix); nothing started${RESET}" ;;
+    *) echo "${RED}dry run: the report failed (above); nothing started${RESET}" ;;
+  esac
   exit 1
 fi
 

@@ -383,9 +383,10 @@ def run_parallel(model: nn.Sequential, x: torch.Tensor, use_checkpointing: bool 
     x = x.reshape(n * t, *x.shape[2:])
     for block in model:
         if isinstance(block, MEMORY_BLOCKS):
-            frames = x.reshape(n, -1, *x.shape[1:])
-            # past of frame t is the block's input at t-1, zeros for the first frame
-            past = F.pad(frames, (0, 0, 0, 0, 0, 0, 1, 0))[:, :-1].reshape(x.shape)
+            # past of frame t is the block's input at t-1, zeros for the first frame; one copy,
+            # written through views so x's memory format (channels_last) carries over to past
+            past = torch.zeros_like(x)
+            past.view(n, -1, *x.shape[1:])[:, 1:] = x.view(n, -1, *x.shape[1:])[:, :-1]
             if use_checkpointing:
                 x = checkpoint(block, x, past, use_reentrant=False)
             else:

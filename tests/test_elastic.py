@@ -38,11 +38,18 @@ def step_loss(log: str, step: int) -> str:
     return re.search(rf"Step {step}/\d+ \| Loss: ([\d.]+)", log).group(1)
 
 
-@pytest.mark.slow
-def test_resume_across_process_counts_and_zero_stages(clips, tmp_path):
-    first = launch(2, tmp_path / "two", clips, 2)
+@pytest.fixture(scope="module")
+def two_process_run(clips, tmp_path_factory):
+    """One 2-process ZeRO-2 run of 2 steps, shared by the resume and conversion tests."""
+    run_dir = tmp_path_factory.mktemp("two") / "run"
+    first = launch(2, run_dir, clips, 2)
     assert first.returncode == 0, first.stderr[-3000:]
-    saved = tmp_path / "two" / "checkpoints" / "checkpoint-2"
+    return run_dir
+
+
+@pytest.mark.slow
+def test_resume_across_process_counts_and_zero_stages(clips, two_process_run, tmp_path):
+    saved = two_process_run / "checkpoints" / "checkpoint-2"
     topology = json.loads((saved / "topology.json").read_text())
     assert topology["num_processes"] == 2 and topology["zero_stage"] == 2 and topology["micro_step"] == 2
     full = torch.load(saved / "full_state.pt", weights_only=True)
@@ -77,13 +84,11 @@ def test_resume_across_process_counts_and_zero_stages(clips, tmp_path):
 
 
 @pytest.mark.slow
-def test_convert_checkpoint_writes_one_public_file_from_zero_shards(clips, tmp_path):
+def test_convert_checkpoint_writes_one_public_file_from_zero_shards(two_process_run, tmp_path):
     from models.taehv import TAEHV
     from scripts.convert_checkpoint import main as convert
 
-    run = launch(2, tmp_path / "run", clips, 1)
-    assert run.returncode == 0, run.stderr[-3000:]
-    checkpoint = tmp_path / "run" / "checkpoints" / "checkpoint-1"
+    checkpoint = two_process_run / "checkpoints" / "checkpoint-2"
     masters = torch.load(checkpoint / "full_state.pt", weights_only=True)["weights"]
     assert convert([str(checkpoint), "--out", str(tmp_path / "model" / "taehv.safetensors"), "--weights", "model",
                     "--dtype", "bf16"]) == 0
@@ -92,7 +97,7 @@ def test_convert_checkpoint_writes_one_public_file_from_zero_shards(clips, tmp_p
     for name, value in model.state_dict().items():
         assert torch.equal(value, masters[f"taehv.{name}"].to(torch.bfloat16).float())
     assert convert([str(checkpoint), "--out", str(tmp_path / "ema" / "taehv.pth")]) == 0
-    exported = torch.load(tmp_path / "run" / "final" / "taehv.pth", weights_only=True)
+    exported = torch.load(two_process_run / "final" / "taehv.pth", weights_only=True)
     converted = torch.load(tmp_path / "ema" / "taehv.pth", weights_only=True)
     assert all(torch.equal(exported[k], converted[k]) for k in exported)  # the EMA is what final/ holds
     assert convert([str(checkpoint), "--out", str(tmp_path / "x.bin")]) == 2

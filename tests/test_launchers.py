@@ -146,9 +146,12 @@ def test_real_run_writes_the_config_the_dry_run_printed(tmp_path, synthetic_clip
     assert saved == resolved_from_dry_run(dry.stdout)
     log = (tmp_path / "run" / "train.log").read_text()
     assert "Step 2/2 | Loss:" in log and "resumed" not in log
-    again = run([*base, "--max-steps", "3"])  # a restarted job: continues from checkpoint-2
+    # a restarted job continues from checkpoint-2; --profile traces its steps
+    again = run([*base, "--max-steps", "4", "--profile"])
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "checkpoint-2 at step 2" in again.stdout and "Step 3/3" in again.stdout
+    assert "checkpoint-2 at step 2" in again.stdout and "Step 4/4" in again.stdout
+    trace = json.loads((tmp_path / "run" / "profile" / "trace_rank0.json").read_text())
+    assert trace["traceEvents"]
 
 
 def test_deepspeed_on_cpu_without_a_compiler_is_refused_in_one_line(tmp_path):
@@ -184,14 +187,6 @@ def test_ctrl_c_checkpoints_and_says_how_to_resume_without_a_traceback(tmp_path,
     last = output.strip().splitlines()[-1]
     assert re.fullmatch(rf"stopped cleanly: checkpoint {run_dir}/checkpoints/checkpoint-\d+; continue with: "
                         rf"\S+train_taehv_h100.sh 1 test --output-dir {run_dir} --resume latest", last), last
-
-
-def test_profile_option_writes_a_trace(tmp_path, synthetic_clips):
-    result = run([LAUNCHER, "1", "test", "--profile", "--output-dir", str(tmp_path / "run"),
-                  "--set", f"data_root={synthetic_clips}", "--max-steps", "4"])
-    assert result.returncode == 0, result.stderr[-3000:]
-    trace = json.loads((tmp_path / "run" / "profile" / "trace_rank0.json").read_text())
-    assert trace["traceEvents"]
 
 
 def to_legacy_layout(folder: Path) -> None:

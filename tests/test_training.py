@@ -17,8 +17,19 @@ from models.reference_vae import ReferenceVAE, tiny_reference_vae, tiny_referenc
 from models.taehv import TAEHV
 from training.distill import SeraenaState, Student, compute_losses
 
-STUDENT_FOR = {"cogvideox": "taecvx", "hunyuan": "taehv", "wan": "taew2_1", "ltx2": "taeltx2_3", "minimax_h3": "taeh3"}
-FRAMES_FOR = {"cogvideox": 9, "hunyuan": 9, "wan": 5, "ltx2": 9, "minimax_h3": 22}
+STUDENT_FOR = {"cogvideox": "taecvx", "hunyuan": "taehv", "wan": "taew2_1"}
+FRAMES_FOR = {"cogvideox": 9, "hunyuan": 9, "wan": 5}
+# launcher runs: reference folder (family and Wan layout), processes, student, clip frames, side
+# (a multiple of the spatial factor, two latents across), the latent space its adapter picks
+LAUNCHED_FAMILIES = {
+    "cogvideox": ("cogvideox", "2.1", 2, "taecvx", 9, 32, "raw"),
+    "wan": ("wan", "2.1", 1, "taew2_1", 5, 32, "normalized"),
+    "wan2_2": ("wan", "2.2", 1, "taew2_2", 9, 32, "normalized"),
+    "hunyuan1_5": ("hunyuan1_5", "2.1", 1, "taehv1_5", 9, 32, "scaled"),
+    "ltx": ("ltx", "2.1", 1, "taeltx_2", 9, 64, "normalized"),
+    "ltx2": ("ltx2", "2.1", 1, "taeltx2_3", 9, 64, "normalized"),
+    "minimax_h3": ("minimax_h3", "2.1", 1, "taeh3", 22, 32, "normalized"),
+}
 
 
 def tiny_reference(family: str) -> ReferenceVAE:
@@ -155,9 +166,9 @@ def test_zero_weights_skip_their_computation_and_others_reach_the_student(monkey
 @pytest.fixture(scope="module")
 def tiny_vae_folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("reference_vaes")
-    for family in ("cogvideox", "hunyuan", "wan", "ltx2", "minimax_h3"):
+    for name, (family, layout, *_) in LAUNCHED_FAMILIES.items():
         torch.manual_seed(0)
-        tiny_reference_vae(family).save_pretrained(str(root / family / "vae"))
+        tiny_reference_vae(family, layout).save_pretrained(str(root / name / "vae"))
     return root
 
 
@@ -180,14 +191,16 @@ def launch(ngpu, run_dir, sets, resume=None):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family, processes", [("cogvideox", 2), ("hunyuan", 1), ("wan", 1), ("minimax_h3", 1)])
-def test_distillation_runs_with_each_reference_family(family, processes, tiny_vae_folders, clips, tmp_path):
+@pytest.mark.parametrize("name", list(LAUNCHED_FAMILIES))
+def test_distillation_runs_with_each_reference_family(name, tiny_vae_folders, clips, tmp_path):
+    """The launcher distills from each family's real diffusers class (tiny random config) into its
+    paired student and exports final/ with the latent space recorded."""
+    family, _, processes, student_variant, frames, side, space = LAUNCHED_FAMILIES[name]
     run_dir = tmp_path / "run"
-    side = 64 if family == "ltx2" else 32  # LTX-2 compresses 32x: two latents across
     result = launch(processes, run_dir, [
-        f"data_root={clips}", "use_ref_vae=true", f"ref_vae_family={family}", f"ref_vae_path={tiny_vae_folders / family}",
-        f"n_frames={FRAMES_FOR[family]}", "encoder_weight=0.1", "decoder_weight=0.1", "seraena_weight=0.1",
-        f"model_variant={STUDENT_FOR[family]}", f"height={side}", f"width={side}",
+        f"data_root={clips}", "use_ref_vae=true", f"ref_vae_family={family}", f"ref_vae_path={tiny_vae_folders / name}",
+        f"n_frames={frames}", "encoder_weight=0.1", "decoder_weight=0.1", "seraena_weight=0.1",
+        f"model_variant={student_variant}", f"height={side}", f"width={side}",
     ])
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"distilling from {family}" in result.stdout
@@ -197,14 +210,13 @@ def test_distillation_runs_with_each_reference_family(family, processes, tiny_va
     assert len(student) == len(discriminator) == processes
     assert len(set(student.values())) == len(set(discriminator.values())) == 1  # identical on every rank
     model = TAEHV.from_pretrained(run_dir / "final" / "taehv.pth")  # model_info.json tells the variant
-    assert model.variant == STUDENT_FOR[family]
-    # the export is the EMA saved in the last checkpoint (scheduler, progress, EMA, Seraena registered in that order)
+    assert model.variant == student_variant
+    # the export is the EMA saved in the last checkpoint
     ema = torch.load(run_dir / "checkpoints" / "checkpoint-4" / "ema_state.pt", weights_only=False)
     exported = torch.load(run_dir / "final" / "taehv.pth", weights_only=True)
     assert all(torch.equal(ema["shadow"][k].cpu(), v) for k, v in exported.items())
     info = json.loads((run_dir / "final" / "model_info.json").read_text())
     assert info["step"] == 4 and info["metrics"]["psnr"] > 0
-    space = {"cogvideox": "raw", "hunyuan": "scaled"}.get(family, "normalized")
     assert info["reference"] == {"family": family, "latent_space": space}
     topology = json.loads((run_dir / "checkpoints" / "checkpoint-4" / "topology.json").read_text())
     assert topology["ref_vae_latent_space"] == space

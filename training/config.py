@@ -518,6 +518,29 @@ def configuration_markdown() -> str:
     return "\n".join(lines + legacy_markdown()) + "\n"
 
 
+def print_memory(config: TrainConfig, check_gpu_budget: bool, problem_stream) -> bool:
+    """The memory estimate lines; True (and the fix printed) when the GPU estimate exceeds gpu_memory_gb."""
+    from training.memory import budget_problem, estimate_memory
+
+    estimate = estimate_memory(config)
+    for line in estimate.lines(config.gpu_memory_gb if check_gpu_budget else None):
+        print(f"  {line}")
+    problem = budget_problem(config, estimate) if check_gpu_budget else ""
+    if problem:
+        print(f"config error: {problem}", file=problem_stream)
+    return bool(problem)
+
+
+def visible_gpu_count() -> int:
+    """CUDA devices this process sees (0 without a CUDA build); the launcher compares it with NGPU."""
+    import torch
+
+    try:
+        return torch.cuda.device_count()
+    except Exception:  # a broken driver reads as no GPU here; the launch itself reports the real error
+        return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI used by the launchers: validate and print the resolved config (or shell variables)."""
     import argparse
@@ -536,6 +559,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory", action="store_true", help="print the memory estimate per rank (training/memory.py)")
     parser.add_argument("--check-gpu-budget", action="store_true",
                         help="with --memory: exit 1 with the fix when the GPU estimate exceeds gpu_memory_gb")
+    parser.add_argument("--dry-run-report", action="store_true",
+                        help="the launcher's dry run in one process: resolved config, memory estimate and every input "
+                             "problem (exit 1: inputs missing, 3: GPU estimate over budget with --check-gpu-budget)")
     parser.add_argument("--markdown", action="store_true", help="print docs/configuration.md")
     args = parser.parse_args(argv)
     if args.markdown:
@@ -545,7 +571,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("a profile or config file is required")
     try:
         config = load_config(args.profile, args.overrides, args.num_processes,
-                             check_paths=not (args.no_check_paths or args.list_input_problems))
+                             check_paths=not (args.no_check_paths or args.list_input_problems or args.dry_run_report))
         legacy_notes: list[str] = []
         _, source = profile_overrides(args.profile, legacy_notes)
     except ConfigError as error:
@@ -553,16 +579,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for note in [] if args.quiet else legacy_notes:  # an old-style `args` file: what was renamed, adjusted or dropped
         print(f"legacy config: {note}", file=sys.stderr)
+    if args.dry_run_report:
+        print("resolved config:")
+        print(config_summary(config))
+        print("memory (estimated per rank; training/memory.py, docs/performance.md):")
+        over_budget = print_memory(config, args.check_gpu_budget, sys.stdout)
+        print("inputs:")
+        problems = input_problems(config)
+        for problem in problems:
+            print(f"  missing: {problem}")
+        if not problems:
+            print("  ok: every file and folder the config names is there")
+        return 1 if problems else 3 if over_budget else 0
     if args.memory:
-        from training.memory import budget_problem, estimate_memory
-
-        estimate = estimate_memory(config)
-        for line in estimate.lines(config.gpu_memory_gb if args.check_gpu_budget else None):
-            print(f"  {line}")
-        problem = budget_problem(config, estimate) if args.check_gpu_budget else ""
-        if problem:
-            print(f"config error: {problem}", file=sys.stderr)
-        return 1 if problem else 0
+        return 1 if print_memory(config, args.check_gpu_budget, sys.stderr) else 0
     if args.list_input_problems:
         problems = input_problems(config)
         for problem in problems:
@@ -584,6 +614,7 @@ def main(argv: list[str] | None = None) -> int:
             "CONFIG_DATA_ROOT": config.data_root,
             "CONFIG_PRETRAINED": config.pretrained_model_path,
             "CONFIG_REF_VAE": config.ref_vae_path if config.use_ref_vae else "(autoencoder mode)",
+            "VISIBLE_GPUS": visible_gpu_count(),
         }
         for key, value in shell_values.items():
             print(f"{key}={shlex.quote(str(value))}")
