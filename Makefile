@@ -2,6 +2,8 @@
 #   make demo   set up what is missing, train the cpu profile on real clips and evaluate it on the
 #               clips it held out (under 12 minutes on 2 cores, set-up included)
 #   make test   set up what is missing, then run the whole test suite
+#   make gpu-check  on one CUDA GPU: GPU tests, the h100 step benchmark, the model benchmark
+#               (about 10 minutes; writes gpu_check/gpu_check.json and .md)
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
@@ -10,7 +12,7 @@ STAMP := $(VENV)/.installed
 # the demo evaluates at 8 frames (2 latent frames, every temporal slot) and its training size
 DEMO_EVAL ?= --frames 8 --height 32 --width 32
 
-.PHONY: demo test setup clean
+.PHONY: demo test gpu-check setup clean
 
 setup: $(STAMP)
 
@@ -30,6 +32,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+gpu-check: $(STAMP)
+	$(PY) -m scripts.gpu_check --out gpu_check
 
 clean:
 	rm -rf $(VENV) .pytest_cache

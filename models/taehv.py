@@ -377,11 +377,15 @@ def build_super_decoder(args: TAEHVArgs) -> nn.Sequential:
 # --------------------------------------------------------------------------------------------
 
 
-def run_parallel(model: nn.Sequential, x: torch.Tensor, use_checkpointing: bool = False) -> torch.Tensor:
-    """All frames at once. x: N,T,C,H,W -> N,T',C',H',W'."""
+def run_parallel(model: nn.Sequential, x: torch.Tensor, use_checkpointing: bool = False,
+                 channels_last: bool = False) -> torch.Tensor:
+    """All frames at once. x: N,T,C,H,W -> N,T',C',H',W'. With `channels_last`, activations stay
+    NHWC between blocks (TPool and TGrow reshapes would otherwise hand on NCHW copies)."""
     n, t = x.shape[:2]
     x = x.reshape(n * t, *x.shape[2:])
     for block in model:
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)  # no copy when already NHWC
         if isinstance(block, MEMORY_BLOCKS):
             # past of frame t is the block's input at t-1, zeros for the first frame; one copy,
             # written through views so x's memory format (channels_last) carries over to past
@@ -483,6 +487,7 @@ class TAEHV(nn.Module):
         build_decoder = build_super_decoder if self.args.decoder_kind == "super" else build_base_decoder
         self.decoder = build_decoder(self.args)
         self.gradient_checkpointing = False
+        self.set_fast_path()
         self._init_for_training_from_scratch()
 
     def _init_for_training_from_scratch(self) -> None:
@@ -533,6 +538,14 @@ class TAEHV(nn.Module):
     def set_gradient_checkpointing(self, enabled: bool = True) -> "TAEHV":
         """Recompute activations in backward (parallel mode, training only): less memory, same values."""
         self.gradient_checkpointing = enabled
+        return self
+
+    def set_fast_path(self, channels_last: bool = False, compile_backend: str = "") -> "TAEHV":
+        """Parallel encode/decode with NHWC activations and/or through torch.compile (backend name,
+        '' = eager). Same values to float rounding; the weights and their names do not change, so
+        checkpoints and exports are unaffected. The sequential (streaming) path stays eager."""
+        self.channels_last = channels_last
+        self.parallel_runner = torch.compile(run_parallel, backend=compile_backend) if compile_backend else run_parallel
         return self
 
     # frame bookkeeping (TAEHVArgs holds the arithmetic; see the module docstring) ----------------
@@ -606,7 +619,8 @@ class TAEHV(nn.Module):
 
     def _run(self, model: nn.Sequential, x: torch.Tensor, parallel: bool, show_progress_bar: bool) -> torch.Tensor:
         if parallel:
-            return run_parallel(model, x, use_checkpointing=self.gradient_checkpointing and self.training)
+            return self.parallel_runner(model, x, use_checkpointing=self.gradient_checkpointing and self.training,
+                                        channels_last=self.channels_last)
         return run_sequential(model, x, show_progress_bar)
 
     def _check_video(self, x: torch.Tensor) -> None:

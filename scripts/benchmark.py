@@ -18,6 +18,20 @@
    `train/samples_per_second` (first log interval dropped), and includes data loading, EMA and
    logging. Then DDP vs ZeRO-2 vs ZeRO-3 on 2 processes (samples/s), all fp32.
 Every number is printed as JSON with the device and the command line; no targets are asserted.
+
+With --profile NAME (h100, 1gpu_h100, a800, cpu, ...): the training micro-step of that profile,
+at its shape, precision and loss terms, instead of the sections above:
+
+    python -m scripts.benchmark --profile h100 --dry-run     # FLOPs of the whole step, nothing run
+    python -m scripts.benchmark --profile h100 --json h100.json   # on a GPU: timed, clips/s, MFU
+
+FLOPs per part (training/step_flops.py: student, LPIPS, Seraena, reference VAE) and of the
+student alone; the timed step runs the loop's own forward_losses/add_seraena_term, backward and
+AdamW in the training dtype, with the reference VAE's published architecture (random weights) in
+bf16 on the fly, or without it (`--latents cached`, as with a latent cache). MFU is given against
+the device's spec dense bf16 peak (SPEC_PEAK_FLOPS) and against the measured matmul peak, each
+labelled; the headline is clips/s per GPU. Strategy comparisons (DDP vs ZeRO) need 2+ GPUs and
+are skipped with that reason otherwise.
 """
 
 from __future__ import annotations
@@ -225,6 +239,110 @@ def distillation_step_times(args, device: torch.device, data_root: Path) -> dict
                 "on_the_fly_vs_student_only": times["on_the_fly"] / times["student_only"]}
 
 
+# dense bf16 tensor-core peaks from the vendors' spec sheets, FLOP/s (no sparsity)
+SPEC_PEAK_FLOPS = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "A800": 312e12, "A100": 312e12}
+
+
+def spec_peak_flops(device: torch.device) -> tuple[float | None, str]:
+    if device.type != "cuda":
+        return None, "no spec peak for a CPU"
+    name = torch.cuda.get_device_name(device)
+    for key, peak in SPEC_PEAK_FLOPS.items():  # the more specific names first
+        if key in name:
+            return peak, f"{key} spec dense bf16 ({peak / 1e12:.0f} TFLOP/s)"
+    return None, f"no spec peak known for {name}"
+
+
+def profile_config(args):
+    from training.config import load_config
+
+    return load_config(args.profile, list(args.set), check_paths=False)
+
+
+def profile_step_time(config, device: torch.device, steps: int, cached_latents: bool) -> float:
+    """Median seconds of one training micro-step of `config` on this device (the loop's own loss
+    code; the module in the training dtype as DeepSpeed holds it)."""
+    from models.metrics import LPIPS
+    from models.reference_vae import ReferenceVAE, vae_class
+    from training.builders import build_model
+    from training.distill import SeraenaState, add_seraena_term, forward_losses
+
+    dtype = torch.bfloat16 if config.mixed_precision == "bf16" else torch.float32
+    config.pretrained_model_path = ""
+    torch.manual_seed(0)
+    student = build_model(config).to(device, dtype)
+    optimizer = torch.optim.AdamW(student.parameters(), lr=1e-4, fused=device.type == "cuda")
+    lpips = LPIPS().to(device).requires_grad_(False) if config.perceptual_weight > 0 else None
+    seraena = (SeraenaState(student.taehv.latent_channels, 3e-4, 64, 0, 0, device, None)
+               if config.seraena_weight > 0 else None)
+    video = torch.rand(config.batch_size_per_gpu, config.n_frames, 3, config.height, config.width, device=device)
+    reference, latents = None, None
+    if config.use_ref_vae:
+        vae = vae_class(config.ref_vae_family)().to(device, dtype if device.type == "cuda" else torch.float32)
+        reference = ReferenceVAE(vae.eval(), config.ref_vae_family, sample_latents=True)
+        with torch.no_grad():
+            latents = reference.encode(video)
+    timer = PhaseTimer(device)
+
+    def step():
+        step_latents = latents if cached_latents or reference is None else reference.encode(video)
+        losses = forward_losses(config, student, video.to(dtype), step_latents, lpips)
+        add_seraena_term(config, seraena, losses).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(steps + 3):
+        timer("step", step)
+    return timer.medians(3)["step"]
+
+
+def profile_benchmark(args) -> dict:
+    from training.step_flops import step_flops
+
+    config = profile_config(args)
+    cached = args.latents == "cached"
+    if cached:
+        config.latent_cache = "(benchmark: latents in memory)"
+    flops = step_flops(config)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    peak, peak_label = spec_peak_flops(device)
+    batch = config.batch_size_per_gpu
+    result = {
+        "command": " ".join([sys.executable, "-m", "scripts.benchmark", *(args.argv)]),
+        "profile": args.profile,
+        "shape": {"batch_per_gpu": batch, "frames": config.n_frames, "height": config.height, "width": config.width,
+                  "variant": config.model_variant, "precision": config.mixed_precision},
+        "loss_terms": {k: getattr(config, f"{k}_weight") for k in ("reconstruction", "encoder", "decoder", "perceptual", "seraena")},
+        "reference_vae": ("none (autoencoder mode)" if not config.use_ref_vae else "none (latents cached)" if cached
+                          else f"{config.ref_vae_family} on the fly (published architecture, random weights)"),
+        "flops_per_micro_step": flops,
+        "student_flops_per_micro_step": flops["student"],
+        "clips_per_s_per_gpu_at_989_tflops": batch / (flops["total"] / 989e12),
+    }
+    if args.dry_run:
+        result["device"] = "none (dry run: FLOPs counted on the meta device, nothing run)"
+        return result
+    step_s = profile_step_time(config, device, args.steps, cached)
+    measured_peak = measured_peak_flops(device)
+    achieved = flops["total"] / step_s
+    result.update({
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {os.cpu_count()} cores",
+        "torch": torch.__version__,
+        "step_s": step_s,
+        "clips_per_s_per_gpu": batch / step_s,
+        "achieved_flops_per_s": achieved,
+        "mfu_vs_spec_peak": achieved / peak if peak else None,
+        "spec_peak": peak_label,
+        "mfu_vs_measured_matmul_peak": achieved / measured_peak,
+        "measured_matmul_peak_flops_per_s": measured_peak,
+        "strategies": (("skipped: " if torch.cuda.device_count() < 2 else "not run here: ")
+                       + f"DDP vs ZeRO comparisons need 2+ GPUs ({torch.cuda.device_count()} visible); "
+                       "run ./train_taehv_h100.sh 8 h100 --set accelerate_config=ddp_gpu_bf16.yaml and compare "
+                       "train/samples_per_second"),
+    })
+    return result
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -294,7 +412,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-root", type=Path, default=REPO_ROOT / "data" / "synthetic")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path)
+    parser.add_argument("--profile", help="benchmark this profile's training micro-step (shape, precision, loss terms)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="with --profile: config overrides")
+    parser.add_argument("--latents", choices=("on-the-fly", "cached"), default="on-the-fly",
+                        help="with --profile: reference VAE in the step, or latents as a latent cache gives them")
+    parser.add_argument("--dry-run", action="store_true", help="with --profile: print the FLOP breakdown only")
     args = parser.parse_args(argv)
+    args.argv = list(argv if argv is not None else sys.argv[1:])
+    if args.profile:
+        emit_result(profile_benchmark(args), args.json)
+        return 0
+    if args.dry_run:
+        parser.error("--dry-run needs --profile")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     phases, reference_frames = phase_times(args, device)

@@ -3,6 +3,9 @@ import re
 import subprocess
 import sys
 
+import pytest
+import torch
+
 from conftest import REPO_ROOT
 
 
@@ -58,3 +61,26 @@ def test_training_step_benchmark_writes_phases_and_plot(tmp_path):
     assert set(distillation["step_s"]) == {"student_only", "from_cache", "on_the_fly"} and distillation["cached_samples"] > 0
     assert result["cache_vs_student_only"] == distillation["step_s"]["from_cache"] / distillation["step_s"]["student_only"]
     assert plot.stat().st_size > 1000
+
+
+def test_profile_benchmark_counts_the_whole_h100_step_without_running_it(tmp_path):
+    out = tmp_path / "h100.json"
+    completed = subprocess.run([sys.executable, "-m", "scripts.benchmark", "--profile", "h100", "--dry-run", "--json", str(out)],
+                               cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["shape"] == {"batch_per_gpu": 8, "frames": 9, "height": 480, "width": 720, "variant": "taecvx",
+                               "precision": "bf16"}
+    parts = report["flops_per_micro_step"]
+    assert set(parts) == {"student", "lpips", "seraena", "reference", "total"}
+    assert parts["total"] == sum(v for k, v in parts.items() if k != "total")
+    assert parts["reference"] > parts["student"] > parts["seraena"] > parts["lpips"] > 0  # the VAE dominates on the fly
+    assert report["device"].startswith("none (dry run")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
+def test_gpu_check_stops_with_one_line_without_cuda(tmp_path):
+    completed = subprocess.run([sys.executable, "-m", "scripts.gpu_check", "--out", str(tmp_path / "out")],
+                               cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 2 and completed.stderr.count("\n") == 1, completed.stderr
+    assert "gpu-check: needs a CUDA GPU" in completed.stderr and not (tmp_path / "out").exists()

@@ -69,6 +69,15 @@ def check_deepspeed_batch(accelerator, config: TrainConfig) -> None:
                            "leave these keys out of the accelerate file")
 
 
+def configure_cuda(config: TrainConfig) -> None:
+    """TF32 matmuls and convolutions (Ampere and newer: H100, A800) and cuDNN autotuning for the
+    fixed training shapes (cudnn_benchmark). Nothing on a machine without CUDA."""
+    if torch.cuda.is_available():
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cudnn.benchmark = config.cudnn_benchmark
+
+
 def model_dtype(model):
     """DeepSpeed bf16/fp16 casts the module itself; inputs follow it, losses stay in fp32."""
     return next(model.parameters()).dtype
@@ -79,7 +88,9 @@ def build_model(config: TrainConfig) -> Student:
         taehv = TAEHV.from_pretrained(config.pretrained_model_path, variant=config.model_variant)
     else:
         taehv = TAEHV(config.model_variant)  # decoder output bias starts at 0.5
-    return Student(taehv.set_gradient_checkpointing(config.gradient_checkpointing).train())
+    taehv.set_gradient_checkpointing(config.gradient_checkpointing)
+    taehv.set_fast_path(config.channels_last, config.compile_backend if config.compile else "")
+    return Student(taehv.train())
 
 
 def build_reference_vae(config: TrainConfig, device):
@@ -155,7 +166,8 @@ def build_datasets(config: TrainConfig):
                      log=lambda text: print(text, flush=True))
     train_index, validation_index = read_index(config.index_path or data_root, data_root).split(config.validation_fraction)
     spec = ClipSpec(config.n_frames, config.height, config.width, config.min_frame_delta, config.max_frame_delta,
-                    config.horizontal_flip, loop_short_clips=config.short_clip_policy == "loop")
+                    config.horizontal_flip, loop_short_clips=config.short_clip_policy == "loop",
+                    decode_threads=config.decode_threads)
     return VideoClipDataset(train_index, spec, train=True, seed=config.seed), VideoClipDataset(validation_index, spec, train=False, seed=config.seed)
 
 

@@ -37,6 +37,9 @@ class ConfigError(ValueError):
     """A one-line, user-facing configuration problem."""
 
 
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
+
+
 def option(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
 
@@ -53,6 +56,15 @@ class TrainConfig:
     pretrained_model_path: str = option("checkpoints/taecvx.pth", "public-format weights to start from; empty = from scratch")
     gradient_checkpointing: bool = option(False, "recompute activations in backward: less memory, same values")
     ema_decay: float = option(0.999, "decay of the averaged weights that are validated and exported; 0 = off")
+    # --- speed (docs/performance.md#the-fast-path): each gives the same values to float rounding -
+    channels_last: bool = option(True, "student activations in channels_last (NHWC) layout: faster convolutions on "
+                                 "CUDA tensor cores (unmeasured here: no GPU yet)")
+    compile: bool = option(False, "torch.compile the student's parallel encode and decode (the first steps compile; "
+                           "DDP or ZeRO-1/2, not ZeRO-3)")
+    compile_backend: str = option("inductor", "torch.compile backend when compile=true: inductor (generates kernels), "
+                                  "aot_eager or eager (no code generation: checks on machines without a compiler)")
+    cudnn_benchmark: bool = option(True, "let cuDNN time its convolution algorithms for the training shapes (CUDA only)")
+    lpips_bf16: bool = option(True, "run LPIPS under bf16 autocast when mixed_precision is bf16 (CUDA); else fp32")
     # --- reference VAE -------------------------------------------------------------------------
     use_ref_vae: bool = option(True, "distill from a reference VAE; False = autoencoder mode (no downloads)")
     ref_vae_family: str = option("cogvideox", "reference VAE family: cogvideox, hunyuan, hunyuan1_5, wan (2.1 or 2.2, "
@@ -85,6 +97,7 @@ class TrainConfig:
     validation_fraction: float = option(0.01, "share of clips held out, by a stable hash of the path")
     num_workers: int = option(8, "data loader worker processes per rank")
     prefetch_factor: int = option(2, "batches each worker prepares ahead")
+    decode_threads: int = option(2, "PyAV decoder threads per data loader worker (per rank: this x num_workers)")
     persistent_workers: bool = option(True, "keep data loader workers alive across epochs")
     # --- optimisation --------------------------------------------------------------------------
     max_steps: int = option(100_000, "optimizer steps to train")
@@ -265,6 +278,9 @@ def load_config(
     config.num_processes = num_processes if num_processes is not None else (config.supported_num_gpus or (1,))[0]
     validate(config, check_paths=check_paths)
     resolve(config)
+    if config.compile and config.zero_stage == 3:
+        raise ConfigError(f"compile=true with ZeRO-3 ({config.accelerate_config}): its parameter gathering hooks break "
+                          "the compiled graph; use a ZeRO-2 or DDP accelerate file, or set compile=false")
     return config
 
 
@@ -352,6 +368,10 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
             raise ConfigError(f"{key}={getattr(c, key)} must be at least 1")
     if c.gpu_memory_gb <= 0:
         raise ConfigError(f"gpu_memory_gb={c.gpu_memory_gb} must be positive (80 for an H100 SXM, 141 for an H200)")
+    if c.decode_threads < 1:
+        raise ConfigError(f"decode_threads={c.decode_threads} must be at least 1 (decoder threads per data worker)")
+    if c.compile and c.compile_backend not in COMPILE_BACKENDS:
+        raise ConfigError(f"compile_backend={c.compile_backend!r}: choose one of {', '.join(COMPILE_BACKENDS)}")
     if c.seraena_buffer_gb <= 0:
         raise ConfigError(f"seraena_buffer_gb={c.seraena_buffer_gb} must be positive (host memory per rank for the replay buffer)")
     for key in ("reconstruction_weight", "encoder_weight", "decoder_weight", "perceptual_weight", "seraena_weight", "learning_rate"):

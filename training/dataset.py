@@ -224,7 +224,7 @@ class Decoded:
     decoded: int  # frames the decoder produced (from the keyframe before the start)
 
 
-def decode_frames(path: Path, wanted: list[int], cover: tuple[int, int] | None = None) -> Decoded:
+def decode_frames(path: Path, wanted: list[int], cover: tuple[int, int] | None = None, threads: int = 2) -> Decoded:
     """Frames at the given (sorted) indices, by seeking to the keyframe before the first one and
     decoding forward. Frame indices are times x average fps, so variable-rate files and wrong
     header counts work. With `cover` (H, W), frames are scaled during the RGB conversion
@@ -241,7 +241,10 @@ def decode_frames(path: Path, wanted: list[int], cover: tuple[int, int] | None =
         if not container.streams.video:
             raise ClipError("no_video_stream", str(path))
         stream = container.streams.video[0]
+        # frame and slice threads, a fixed few: PyAV's default (one per core) times workers times
+        # ranks oversubscribes a node
         stream.thread_type = "AUTO"
+        stream.thread_count = threads
         fps = float(stream.average_rate or stream.guessed_rate or 25)
         time_base = float(stream.time_base)
         start_pts = stream.start_time or 0
@@ -299,7 +302,8 @@ def _scaling(height: int, width: int, rotation: int, cover: tuple[int, int]) -> 
 
 
 def read_clip(path: Path, frame_count: int, n_frames: int, min_delta: int, max_delta: int,
-              rng: random.Random, loop_short: bool, cover: tuple[int, int] | None = None) -> tuple[np.ndarray, int, list[int]]:
+              rng: random.Random, loop_short: bool, cover: tuple[int, int] | None = None,
+              threads: int = 2) -> tuple[np.ndarray, int, list[int]]:
     """(n_frames,H,W,3 uint8 with rotation applied and scaled to cover `cover` when given, frames
     the decoder produced, the stream frame index behind each output frame). A wrong or missing
     header count is corrected by what decoding finds, with one more seek."""
@@ -316,7 +320,7 @@ def read_clip(path: Path, frame_count: int, n_frames: int, min_delta: int, max_d
         wanted = [start + i * stride for i in range(n_frames)]
         if loop_short and frame_count < wanted[-1] + 1:
             wanted = sorted({w % frame_count for w in wanted})
-        result = decode_frames(path, wanted, cover)
+        result = decode_frames(path, wanted, cover, threads)
         decoded_total += result.decoded
         frames, rotation = result.frames, result.rotation
         if len(frames) == len(wanted):
@@ -378,6 +382,7 @@ class ClipSpec:
     max_frame_delta: int = 1
     horizontal_flip: bool = False
     loop_short_clips: bool = False
+    decode_threads: int = 2
 
 
 class VideoClipDataset(Dataset):
@@ -406,7 +411,8 @@ class VideoClipDataset(Dataset):
             window_rng = rng if self.train else random.Random(i)
             try:
                 frames, decoded, sources = read_clip(path, int(self.index.frames[i]), spec.n_frames, spec.min_frame_delta,
-                                                     max_delta, window_rng, spec.loop_short_clips, cover=(spec.height, spec.width))
+                                                     max_delta, window_rng, spec.loop_short_clips, cover=(spec.height, spec.width),
+                                                     threads=spec.decode_threads)
             except ClipError as error:
                 skipped.append((error.reason, str(path)))
                 continue

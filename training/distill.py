@@ -153,7 +153,10 @@ def forward_losses(config, student, video: torch.Tensor, reference_latents: torc
         if lpips is None:
             raise ValueError("perceptual_weight > 0 but no LPIPS model was given (models.metrics.load_lpips)")
         decoded = judged_decode.float()
-        terms["perceptual"] = (config.perceptual_weight, lpips(decoded, aligned(video, decoded)).mean())
+        # bf16 autocast under a bf16 run (lpips_bf16): AlexNet's convolutions on tensor cores
+        with torch.autocast(decoded.device.type, torch.bfloat16, enabled=config.lpips_bf16 and config.mixed_precision == "bf16"):
+            perceptual = lpips(decoded, aligned(video, decoded)).mean()
+        terms["perceptual"] = (config.perceptual_weight, perceptual.float())
     seraena_inputs = None
     if config.seraena_weight > 0:
         seraena_inputs = (video, judged_decode.float(), reference_latents if distill else outputs["latents"])

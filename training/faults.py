@@ -30,7 +30,9 @@ class FaultInjection:
     write (after a partial file); TAEHV_FAULT_STOP_AT_STEP=N acts as a SIGTERM during step N;
     TAEHV_FAULT_DATA_FAILURE_MICRO_STEP=N counts enough failed clip draws at micro-step N to pass
     max_failed_fraction; TAEHV_FAULT_BACKWARD_OOM_MICRO_STEPS=3 raises an out-of-memory error as
-    their backward starts. TAEHV_FAULT_RANK=R limits all of them to rank R (unset: every rank)."""
+    their backward starts. TAEHV_FAULT_RANK=R limits all of them to rank R (unset: every rank).
+    TAEHV_FAULT_REAL_OOM=1 makes the forward's out-of-memory errors real ones on CUDA (an
+    allocation no GPU can serve), for tests/test_gpu.py."""
 
     nonfinite_micro_steps: set[int] = field(default_factory=set)
     oom_micro_steps: set[int] = field(default_factory=set)
@@ -38,6 +40,12 @@ class FaultInjection:
     stop_at_step: int = 0
     data_failure_micro_step: int = 0
     backward_oom_micro_steps: set[int] = field(default_factory=set)
+    real_oom: bool = False
+
+    def raise_out_of_memory(self, device: torch.device, micro_step: int) -> None:
+        if self.real_oom and device.type == "cuda":
+            torch.empty(1 << 50, dtype=torch.uint8, device=device)  # 1 PiB: the CUDA caching allocator's own error
+        raise torch.OutOfMemoryError(f"CUDA out of memory (injected at micro-step {micro_step})")
 
     @classmethod
     def from_environment(cls) -> "FaultInjection":
@@ -51,7 +59,7 @@ class FaultInjection:
         return cls(numbers("TAEHV_FAULT_NONFINITE_MICRO_STEPS"), numbers("TAEHV_FAULT_OOM_MICRO_STEPS"),
                    numbers("TAEHV_FAULT_CHECKPOINT_FAIL_STEPS"), int(os.environ.get("TAEHV_FAULT_STOP_AT_STEP", "0") or 0),
                    int(os.environ.get("TAEHV_FAULT_DATA_FAILURE_MICRO_STEP", "0") or 0),
-                   numbers("TAEHV_FAULT_BACKWARD_OOM_MICRO_STEPS"))
+                   numbers("TAEHV_FAULT_BACKWARD_OOM_MICRO_STEPS"), os.environ.get("TAEHV_FAULT_REAL_OOM", "") == "1")
 
 
 class StopRequest:

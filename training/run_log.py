@@ -31,8 +31,11 @@ class RunLog:
 def log_training(run: TrainingRun, window: list[dict], elapsed: float, data_wait: float) -> None:
     """One sync point per log interval: TensorBoard scalars and the plain log line."""
     config, accelerator, step = run.config, run.accelerator, run.progress.step
-    keys = set().union(*window)
-    scalars = {f"train/{k}": torch.stack([w[k].float().cpu() for w in window if k in w]).mean().item() for k in keys}
+    keys = sorted(set().union(*window))
+    # the window's scalars stayed on the device; one host copy for all of them here
+    means = torch.stack([torch.stack([torch.as_tensor(w[k], device=accelerator.device).float() for w in window if k in w]).mean()
+                         for k in keys]).tolist()
+    scalars = {f"train/{k}": value for k, value in zip(keys, means)}
     scalars.update({
         "train/lr": run.scheduler.get_last_lr()[0],
         "train/samples_per_second": len(window) * config.batch_size_per_gpu * accelerator.num_processes / elapsed,

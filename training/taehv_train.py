@@ -27,7 +27,7 @@ import torch  # noqa: E402
 from training.agreement import agree  # noqa: E402
 from training.builders import (build_accelerator, build_datasets, build_lpips, build_model, build_optimizer,  # noqa: E402
                                build_reference_vae, build_seraena, build_train_loader, check_deepspeed_batch,
-                               choose_sample_data, model_dtype)
+                               choose_sample_data, configure_cuda, model_dtype)
 from training.checkpoints import (Progress, check_run_folder, complete_checkpoints, current_weights,  # noqa: E402
                                   export_info, export_model, find_resume_checkpoint, full_state_dict, master_weights, resume,
                                   save_checkpoint, weights_fingerprint)
@@ -133,9 +133,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from accelerate.utils import set_seed
 
-    if torch.cuda.is_available():  # TF32 matmuls and convolutions on Ampere and newer (H100, A800)
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    configure_cuda(config)
     try:  # data problems show before process groups, DeepSpeed and the model are set up
         train_dataset, validation_dataset = build_datasets(config)
         rank = int(os.environ.get("RANK", "0"))  # what accelerate's process_index will be
@@ -318,7 +316,7 @@ def train_step(run: "TrainingRun", batch) -> tuple[dict | None, str, str]:
         if not reference_failed:
             losses = forward_losses(config, model, video.to(model_dtype(model)), reference_latents, run.lpips)
         if micro_step in run.faults.oom_micro_steps:  # as late in the forward as a real one can come
-            raise torch.OutOfMemoryError(f"CUDA out of memory (injected at micro-step {micro_step})")
+            run.faults.raise_out_of_memory(accelerator.device, micro_step)
     except torch.OutOfMemoryError:
         out_of_memory = True
     if out_of_memory:  # outside the except block, so the failed graph is already released
@@ -361,7 +359,7 @@ def train_step(run: "TrainingRun", batch) -> tuple[dict | None, str, str]:
             return backward_out_of_memory(run)
         logged = losses.logged
         if accelerator.sync_gradients and accelerator.state.deepspeed_plugin is None:
-            logged["grad_norm"] = accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm).detach().float().cpu()
+            logged["grad_norm"] = accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm).detach().float()
         run.optimizer.step()
         if accelerator.sync_gradients:
             run.scheduler.step()

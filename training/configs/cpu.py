@@ -40,4 +40,5 @@ overrides = dict(
     validation_samples=16,
     checkpointing_steps=300,
     nccl_timeout_s=600,
+    channels_last=False,  # NHWC is the tensor-core layout of the GPU profiles; CPUs keep PyTorch's NCHW
 )

@@ -1,0 +1,97 @@
+"""FLOPs of one training micro-step at a config's shape, counted on the meta device: nothing runs
+and nothing is allocated, so the h100 profile's 8 x 9 x 480x720 step is counted on a laptop.
+
+Counted with torch.utils.flop_counter (convolutions and matmuls, forward and backward; elementwise
+work is not counted, as in every MFU figure), part by part as the loop computes them:
+- student: the encode and decodes its loss terms need (training/distill.py), forward and backward;
+- lpips: forward on the judged decode and its backward to the decoded frames (weights frozen);
+- seraena: the discriminator step (forward and backward) and the correction (a no-grad forward of
+  the reals, a forward of the fakes and its backward to them), once per micro-step at most;
+- reference: the reference VAE's encode (no grad), with the published architecture of its family
+  (the diffusers class's default config); 0 with a latent cache or in autoencoder mode.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from models.taehv import TAEHV
+
+
+def _counted(fn) -> float:
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return float(counter.get_total_flops())
+
+
+def step_flops(config) -> dict[str, float]:
+    """{part: FLOPs of one micro-step on one rank} for the parts above, and "total"."""
+    batch, frames, height, width = config.batch_size_per_gpu, config.n_frames, config.height, config.width
+    distill = config.use_ref_vae
+    judged = config.seraena_weight > 0 or config.perceptual_weight > 0
+    want_latents = distill and config.encoder_weight > 0
+    want_roundtrip = config.reconstruction_weight > 0 or (not distill and judged)
+    want_reference_decode = distill and (config.decoder_weight > 0 or judged)
+    parts: dict[str, float] = {}
+    with torch.device("meta"):
+        taehv = TAEHV(config.model_variant).train()
+        video = torch.rand(batch, frames, 3, height, width)
+        with torch.no_grad():
+            latent_shape = taehv.encode_video(video).shape
+        reference_latents = torch.randn(latent_shape)
+
+        def student_step():
+            outputs = []
+            latents = taehv.encode_video(video) if want_latents or want_roundtrip else None
+            if want_latents:
+                outputs.append(latents)
+            if want_roundtrip:
+                outputs.append(taehv.decode_video(latents))
+            if want_reference_decode:
+                outputs.append(taehv.decode_video(reference_latents))
+            sum(o.float().mean() for o in outputs).backward()
+
+        parts["student"] = _counted(student_step)
+        decoded_frames = taehv.decoded_frame_count(latent_shape[1])
+        decoded = torch.rand(batch, decoded_frames, 3, height, width, requires_grad=True)
+        if config.perceptual_weight > 0:
+            from models.metrics import LPIPS
+
+            lpips = LPIPS().requires_grad_(False)
+            parts["lpips"] = _counted(lambda: lpips(decoded, video[:, :decoded_frames]).mean().backward())
+        if config.seraena_weight > 0:
+            parts["seraena"] = _seraena_flops(decoded, reference_latents)
+        if distill and not config.latent_cache:
+            parts["reference"] = _reference_flops(config.ref_vae_family, video)
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def _seraena_flops(decoded: torch.Tensor, latents: torch.Tensor) -> float:
+    from models.seraena import SeraenaDiscriminator, group_frames, video_context
+
+    groups = group_frames(decoded.detach())
+    context = video_context(latents, groups.shape[0] // decoded.shape[0])
+    disc = SeraenaDiscriminator(groups.shape[1], latents.shape[2]).train()
+
+    def discriminator_step():
+        disc(groups, context).float().pow(2).mean().backward()
+
+    def correction():
+        with torch.no_grad():
+            real_scores = disc(groups, context)
+        offset = torch.zeros_like(groups, requires_grad=True)
+        gap = (disc(groups + offset, context) - real_scores).pow(2).mean()
+        torch.autograd.grad(gap, [offset])
+
+    return _counted(discriminator_step) + _counted(correction)
+
+
+def _reference_flops(family: str, video: torch.Tensor) -> float:
+    from models.reference_vae import vae_class
+
+    vae = vae_class(family)().eval()  # default config: the published architecture
+    pixels = video.permute(0, 2, 1, 3, 4) * 2 - 1
+    with torch.no_grad():
+        return _counted(lambda: vae.encode(pixels))
