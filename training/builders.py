@@ -90,7 +90,16 @@ def build_model(config: TrainConfig) -> Student:
         taehv = TAEHV(config.model_variant)  # decoder output bias starts at 0.5
     taehv.set_gradient_checkpointing(config.gradient_checkpointing)
     taehv.set_fast_path(config.channels_last, config.compile_backend if config.compile else "")
-    return Student(taehv.train())
+    student = Student(taehv.train())
+    for part in ("encoder", "decoder"):
+        module = getattr(taehv, part)
+        if not getattr(config, f"train_{part}"):
+            module.requires_grad_(False)
+            # the exact starting values: a bf16 engine casts the module, and no optimizer holds
+            # an fp32 master of a frozen weight (checkpoints.master_weights reads these instead)
+            student.frozen_weights.update({f"{part}.{k}": v.detach().float().cpu().clone()
+                                           for k, v in module.named_parameters()})
+    return student
 
 
 def build_reference_vae(config: TrainConfig, device):
@@ -198,7 +207,7 @@ def build_optimizer(config: TrainConfig, model):
     from diffusers.optimization import get_scheduler
 
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2),
+        [p for p in model.parameters() if p.requires_grad], lr=config.learning_rate,  # frozen parts: no state betas=(config.adam_beta1, config.adam_beta2),
         weight_decay=config.weight_decay, fused=torch.cuda.is_available(),  # one kernel per step on GPU
     )
     scheduler = get_scheduler(config.lr_scheduler, optimizer, num_warmup_steps=config.warmup_steps,

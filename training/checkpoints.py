@@ -263,14 +263,18 @@ def master_weights(accelerator, model) -> dict:
     """The student's weights as the optimizer holds them, fp32, on the training device, on every
     rank: under DeepSpeed its fp32 master copies (ZeRO partitions gathered: a collective), not the
     bf16 copies the forward runs with; otherwise the parameters themselves. Buffers as they are."""
-    taehv = accelerator.unwrap_model(model).taehv
+    student = accelerator.unwrap_model(model)
+    taehv = student.taehv
     weights = {name: buffer.detach().float() for name, buffer in taehv.named_buffers()}
+    trained = [(name, param) for name, param in taehv.named_parameters() if name not in student.frozen_weights]
     if accelerator.state.deepspeed_plugin is not None:
         from deepspeed.utils import safe_get_full_fp32_param
 
-        weights.update({name: safe_get_full_fp32_param(param).detach().float() for name, param in taehv.named_parameters()})
+        weights.update({name: safe_get_full_fp32_param(param).detach().float() for name, param in trained})
     else:
-        weights.update({name: param.detach().float() for name, param in taehv.named_parameters()})
+        weights.update({name: param.detach().float() for name, param in trained})
+    # frozen parts (train_encoder/train_decoder=false): their starting fp32 values, unchanged
+    weights.update({name: value.to(accelerator.device) for name, value in student.frozen_weights.items()})
     return weights
 
 

@@ -56,6 +56,9 @@ class TrainConfig:
     pretrained_model_path: str = option("checkpoints/taecvx.pth", "public-format weights to start from; empty = from scratch")
     gradient_checkpointing: bool = option(False, "recompute activations in backward: less memory, same values")
     ema_decay: float = option(0.999, "decay of the averaged weights that are validated and exported; 0 = off")
+    train_encoder: bool = option(True, "train the encoder; false = frozen: no gradients, no optimizer state, exported "
+                                 "unchanged from pretrained_model_path (decoder-only fine-tuning)")
+    train_decoder: bool = option(True, "train the decoder; false = frozen, as train_encoder")
     # --- speed (docs/performance.md#the-fast-path): each gives the same values to float rounding -
     channels_last: bool = option(True, "student activations in channels_last (NHWC) layout: faster convolutions on "
                                  "CUDA tensor cores (unmeasured here: no GPU yet)")
@@ -368,6 +371,12 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
             raise ConfigError(f"{key}={getattr(c, key)} must be at least 1")
     if c.gpu_memory_gb <= 0:
         raise ConfigError(f"gpu_memory_gb={c.gpu_memory_gb} must be positive (80 for an H100 SXM, 141 for an H200)")
+    frozen = [part for part in ("encoder", "decoder") if not getattr(c, f"train_{part}")]
+    if len(frozen) == 2:
+        raise ConfigError("train_encoder=false and train_decoder=false: nothing would train; set one of them to true")
+    if frozen and not c.pretrained_model_path:
+        raise ConfigError(f"train_{frozen[0]}=false with pretrained_model_path='' would freeze randomly initialised "
+                          f"weights: set pretrained_model_path to the weights to fine-tune, or train_{frozen[0]}=true")
     if c.decode_threads < 1:
         raise ConfigError(f"decode_threads={c.decode_threads} must be at least 1 (decoder threads per data worker)")
     if c.compile and c.compile_backend not in COMPILE_BACKENDS:

@@ -33,6 +33,7 @@ class Student(nn.Module):
     def __init__(self, taehv: TAEHV):
         super().__init__()
         self.taehv = taehv
+        self.frozen_weights: dict[str, torch.Tensor] = {}  # fp32 values of frozen parameters (training/builders.py)
 
     def forward(self, video: torch.Tensor, reference_latents: torch.Tensor | None,
                 want_latents: bool, want_roundtrip: bool, want_reference_decode: bool) -> dict:

@@ -34,7 +34,8 @@ def deepspeed_engine(accelerator, model):
 
 
 def named_parameters(accelerator, model) -> list[tuple[str, torch.nn.Parameter]]:
-    return list(accelerator.unwrap_model(model).named_parameters())
+    """The trained parameters (frozen parts have no optimizer state and never change)."""
+    return [(name, param) for name, param in accelerator.unwrap_model(model).named_parameters() if param.requires_grad]
 
 
 def base_optimizer(accelerator, model, optimizer):

@@ -94,6 +94,8 @@ def saved_activation_bytes(config, batch: int, n_frames: int, height: int, width
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         taehv = TAEHV(config.model_variant).set_gradient_checkpointing(config.gradient_checkpointing).train()
+        for part in ("encoder", "decoder"):  # a frozen part saves nothing for a backward
+            getattr(taehv, part).requires_grad_(getattr(config, f"train_{part}"))
         student = Student(taehv).to(dtype)
         video = torch.rand(batch, n_frames, 3, height, width)
         latents = None
