@@ -243,6 +243,11 @@ def test_production_and_ddp_files_train_with_two_cpu_processes(accelerate_file, 
         public = torch.load(start, weights_only=True)
         assert all(torch.equal(exported[k], public[k]) for k in public if k.startswith("encoder."))
         assert any(not torch.equal(exported[k], public[k]) for k in public if k.startswith("decoder."))
+        # every validation of a fine-tune also says how far it moved from the weights it started from
+        assert "Starting weights | psnr: " in first.stdout and "psnr_vs_start: " in first.stdout
+        best = json.loads((run_dir / "best_model" / "model_info.json").read_text())["metrics"]
+        assert best["psnr_vs_start"] == pytest.approx(best["psnr"] - float(re.search(
+            r"Starting weights \| psnr: ([\d.]+)", first.stdout).group(1)), abs=0.01)
     assert f"2 processes | ZeRO {zero}" in first.stdout
     assert f"out of memory {where} at micro-step 2 (step 2): skipped on all ranks" in first.stdout
     assert f"non-finite loss {where} at micro-step 4 (step 3): skipped on all ranks" in first.stdout

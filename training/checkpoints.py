@@ -44,6 +44,7 @@ class Progress:
         self.best_value: float | None = None
         self.best_step = 0
         self.validations_without_improvement = 0
+        self.baseline: dict | None = None  # validation metrics of pretrained_model_path, scored once
 
     def state_dict(self) -> dict:
         return dict(vars(self))
@@ -54,6 +55,7 @@ class Progress:
         self.best_value = state.get("best_value")
         self.best_step = int(state.get("best_step", 0))
         self.validations_without_improvement = int(state.get("validations_without_improvement", 0))
+        self.baseline = state.get("baseline")
 
 
 def complete_checkpoints(run_dir: Path) -> list[Path]:

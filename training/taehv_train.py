@@ -37,7 +37,8 @@ from training.distill import SeraenaState, WeightEMA, add_seraena_term, forward_
 from training.faults import (FaultInjection, StopRequest, TrainingStopped, backward_out_of_memory,  # noqa: E402
                              die_with_launcher, is_collective_timeout, note_bad_step, shorten_collective_timeout)
 from training.run_log import RunLog, log_training, start_profiler  # noqa: E402
-from training.validation import evaluation_model, record_validation, reference_latents_for, validate, validation_line  # noqa: E402
+from training.validation import (evaluation_model, record_validation, reference_latents_for, validate,  # noqa: E402
+                                 validation_line, with_baseline)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -271,7 +272,7 @@ def train(run: TrainingRun) -> None:
                 log_training(run, window, elapsed, data_wait)
                 last_log_time, data_wait, window = time.perf_counter(), 0.0, []
             if step % config.validation_steps == 0 or step == config.max_steps:
-                run.last_metrics = validate(run, evaluation_model(run))
+                run.last_metrics = with_baseline(run, validate(run, evaluation_model(run)))
                 accelerator.log({f"val/{k}": v for k, v in run.last_metrics.items()}, step=step)
                 run.log.line(validation_line(step, run.last_metrics))
                 run.stopped_early = record_validation(run, run.last_metrics)
@@ -374,7 +375,7 @@ def finish(run: TrainingRun) -> None:
     """Export the validated weights (EMA when enabled) in the public format."""
     accelerator = run.accelerator
     if not run.last_metrics:  # resumed at max_steps (a finished or nearly finished run): measure what is exported
-        run.last_metrics = validate(run, evaluation_model(run))
+        run.last_metrics = with_baseline(run, validate(run, evaluation_model(run)))
     weights = {k: v.detach().float().cpu() for k, v in current_weights(run).items()}
     taehv = accelerator.unwrap_model(run.model).taehv
     export_model(accelerator, weights, taehv, run.run_dir / "final", run.progress.step, run.last_metrics,

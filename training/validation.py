@@ -67,10 +67,29 @@ def validate(run: TrainingRun, evaluated: TAEHV) -> dict:
     return {name: (totals[i] / totals[-1]).item() for i, name in enumerate(names)}
 
 
+COMPARED_METRICS = ("psnr", "ssim", "lpips", "decode_psnr", "decode_ssim", "decode_lpips", "flicker")
+
+
+def with_baseline(run: TrainingRun, metrics: dict) -> dict:
+    """When the run started from pretrained_model_path: the metrics plus `<metric>_vs_start`, the
+    change against those starting weights, scored on the same clips at the first validation (kept
+    in Progress, so a resumed run compares with the same numbers)."""
+    if not run.config.pretrained_model_path:
+        return metrics
+    if run.progress.baseline is None:
+        start = TAEHV.from_pretrained(run.config.pretrained_model_path, variant=run.config.model_variant)
+        run.progress.baseline = validate(run, start.to(run.accelerator.device).eval())
+        run.log.line(validation_line(0, run.progress.baseline).replace("Validation at step 0", "Starting weights"))
+    compared = {f"{k}_vs_start": metrics[k] - run.progress.baseline[k]
+                for k in COMPARED_METRICS if k in metrics and k in run.progress.baseline}
+    return {**metrics, **compared}
+
+
 def validation_line(step: int, metrics: dict) -> str:
     """`Validation at step N | psnr: 24.10 dB | ssim: 0.81 | by frame: 25.0 23.9 ... dB`."""
     by_frame = [v for k, v in metrics.items() if k.startswith("psnr_frame")]
-    parts = [f"{k}: {v:.2f} dB" if k.endswith("psnr") else f"{k}: {v:.4f}"
+    parts = [f"{k}: {v:.2f} dB" if k.endswith("psnr") else f"{k}: {v:+.2f} dB" if k.endswith("psnr_vs_start")
+             else f"{k}: {v:+.4f}" if k.endswith("_vs_start") else f"{k}: {v:.4f}"
              for k, v in metrics.items() if not k.startswith("psnr_frame")]
     if by_frame:
         parts.append("by frame: " + " ".join(f"{v:.1f}" for v in by_frame) + " dB")
