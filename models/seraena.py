@@ -143,6 +143,7 @@ class Seraena(nn.Module):
         self.rng = random.Random(seed)
         self.buffer = ReplayBuffer(buffer_size, self.rng)
         self.amp_dtype = amp_dtype
+        self.last_stats: dict[str, torch.Tensor] = {}  # of the latest discriminator step and correction, for logging
 
     def _scores(self, images: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
         device_type = images.device.type
@@ -168,6 +169,9 @@ class Seraena(nn.Module):
         contexts = torch.where(use_fake[:, None, None, None], candidate_context, context)
         scores = self._scores(images, contexts)
         targets = torch.where(use_fake, 1.0, -1.0)[:, None, None, None].expand_as(scores)
+        # detached, on the device (no sync): a sample counts as told apart when its mean score has the target's sign
+        said_fake = scores.detach().flatten(1).mean(1) > 0
+        self.last_stats["discriminator_accuracy"] = (said_fake == use_fake).float().mean()
         return F.mse_loss(scores, targets)
 
     def discriminator_step(
@@ -185,6 +189,7 @@ class Seraena(nn.Module):
         if reduce_gradients is not None:
             reduce_gradients([p.grad for p in self.disc.parameters() if p.grad is not None])
         self.optimizer.step()
+        self.last_stats["discriminator_loss"] = loss.detach()
         return loss.detach()
 
     def correct(self, real: torch.Tensor, fake: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
@@ -203,7 +208,9 @@ class Seraena(nn.Module):
                 (gradient,) = torch.autograd.grad(gap, [offset])
         finally:
             self.disc.train(was_training)
-        correction = -gradient / (gradient.std() + 1e-5)
+        scale = gradient.std()
+        self.last_stats["gradient_std"] = scale.detach()  # the raw pull toward the reals, before unit scaling
+        correction = -gradient / (scale + 1e-5)
         return (fake.detach() + correction).detach()
 
     def batchnorm_buffers(self) -> list[torch.Tensor]:

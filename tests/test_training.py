@@ -305,8 +305,14 @@ def test_tensorboard_holds_the_training_scalars(clips, tmp_path):
     tags = set(events.Tags()["scalars"])
     expected = {"train/loss", "train/reconstruction", "train/seraena", "train/psnr", "train/lr", "train/grad_norm",
                 "train/samples_per_second", "train/data_wait_fraction", "train/peak_memory_gb",
-                "data/skipped_decode_error", "val/psnr"}
+                "data/skipped_decode_error", "val/psnr", "train/seraena_discriminator_loss",
+                "train/seraena_discriminator_accuracy", "train/seraena_gradient_std"}
     assert expected <= tags, expected - tags
+    accuracy = [e.value for e in events.Scalars("train/seraena_discriminator_accuracy")]
+    assert all(0 <= a <= 1 for a in accuracy) and len(accuracy) == 4
+    # every validation frame, animated: a GIF of input | reconstruction | error (5 frames of 32x96)
+    clip = events.Images("val/sample_clip")[-1]
+    assert clip.encoded_image_string[:6] == b"GIF89a" and (clip.width, clip.height) == (96, 32)
     assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3, 4]
     assert {"val/ssim"} <= tags and "val/sample" in events.Tags()["images"]
     # 8 frames = 2 latents; the round trip gives 5 frames back, each position scored on its own

@@ -179,6 +179,9 @@ def add_seraena_term(config, seraena: "SeraenaState | None", losses: StepLosses,
         return losses.total
     term = seraena.loss(*losses.seraena_inputs, update_discriminator=update_discriminator)
     losses.logged["seraena"] = term.detach()
+    # the adversarial game in TensorBoard: train/seraena_discriminator_loss, _accuracy, _gradient_std
+    losses.logged.update({f"seraena_{k}": v for k, v in seraena.seraena.last_stats.items()})
+    seraena.seraena.last_stats = {}
     total = losses.total + config.seraena_weight * term
     losses.logged["loss"] = total.detach()
     return total

@@ -97,13 +97,34 @@ def validation_line(step: int, metrics: dict) -> str:
 
 
 def log_sample_image(run: TrainingRun, video: torch.Tensor, decoded: torch.Tensor) -> None:
-    """Middle frame: input | reconstruction, as one image under val/sample."""
+    """Middle frame: input | reconstruction, as one image under val/sample; and every frame as
+    an animated GIF under val/sample_clip: input | reconstruction | error x4, so motion and
+    flicker show, not only one frame."""
     if not run.accelerator.is_main_process:
         return
     tracker = run.accelerator.get_tracker("tensorboard", unwrap=True)
     t = decoded.shape[1] // 2
     image = torch.cat([video[0, t], decoded[0, t]], dim=-1).clamp(0, 1).float().cpu()
     tracker.add_image("val/sample", image, global_step=run.progress.step)
+    target = aligned(video, decoded)[0].float()
+    strip = torch.cat([target, decoded[0].float(), ((decoded[0].float() - target).abs() * 4)], dim=-1)
+    tracker.file_writer.add_summary(animated_image_summary("val/sample_clip", strip.clamp(0, 1).cpu()), run.progress.step)
+
+
+def animated_image_summary(tag: str, frames: torch.Tensor, frame_ms: int = 125):
+    """T,3,H,W in [0, 1] -> a TensorBoard image summary holding a looping GIF (what add_video
+    writes, without its moviepy dependency); the images dashboard animates it."""
+    import io
+
+    from PIL import Image
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    pictures = [Image.fromarray((frame.permute(1, 2, 0) * 255).round().byte().numpy()) for frame in frames]
+    buffer = io.BytesIO()
+    pictures[0].save(buffer, format="GIF", save_all=True, append_images=pictures[1:], duration=frame_ms, loop=0)
+    height, width = frames.shape[-2:]
+    image = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=buffer.getvalue())
+    return Summary(value=[Summary.Value(tag=tag, image=image)])
 
 
 def record_validation(run: TrainingRun, metrics: dict) -> bool:
