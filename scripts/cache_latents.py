@@ -122,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.config, args.overrides, num_processes=int(os.environ.get("WORLD_SIZE", "1")))
         if not config.use_ref_vae:
             raise ConfigError("use_ref_vae=false: autoencoder mode has no reference latents to cache")
+        if config.crop_min_side:
+            raise ConfigError(f"crop_min_side={config.crop_min_side}: a cache stores one crop per clip; cache with crop_min_side=0")
         from training.builders import build_datasets
 
         datasets = dict(zip(SPLITS, build_datasets(config)))

@@ -40,3 +40,31 @@ def test_freezing_everything_or_random_weights_is_refused(public_weights):
 
 # The decoder-only fine-tune under bf16 ZeRO-2 through the launcher (the frozen encoder exported
 # bit-equal) shares the 2-process run of test_launchers::test_production_and_ddp_files_train_with_two_cpu_processes.
+
+
+def test_scale_augmentation_zooms_between_the_minimum_side_and_the_whole_frame():
+    from training.dataset import zoomed_cover
+
+    # a 64x96 frame, 32x32 training crops: the largest square region has a 64 px side
+    assert zoomed_cover(64, 96, 0, (32, 32), 0.0, 16) == (128, 128)  # a 16 px region, scaled up 2x
+    assert zoomed_cover(64, 96, 0, (32, 32), 1.0, 16) == (32, 32)  # the whole 64 px region, as without augmentation
+    assert zoomed_cover(64, 96, 0, (32, 32), 0.5, 16) == (52, 52)  # a 40 px region
+    assert zoomed_cover(96, 64, 90, (32, 32), 0.0, 16) == (128, 128)  # stored rotated: the shown frame decides
+    assert zoomed_cover(64, 96, 0, (32, 32), 0.3, 100) == (32, 32)  # the frame is smaller than the minimum: no zoom
+
+
+def test_scale_augmented_training_clips_keep_their_size_and_differ_from_plain_crops(tmp_path):
+    from scripts.make_sample_videos import make_sample_videos
+    from training.dataset import ClipSpec, VideoClipDataset, read_index
+
+    make_sample_videos(tmp_path / "clips", count=2, n_frames=16)
+    index = read_index(tmp_path / "clips", tmp_path / "clips")
+    plain = VideoClipDataset(index, ClipSpec(8, 32, 32), train=True, seed=0)
+    zoomed = VideoClipDataset(index, ClipSpec(8, 32, 32, crop_min_side=16), train=True, seed=0)
+    validation = VideoClipDataset(index, ClipSpec(8, 32, 32, crop_min_side=16), train=False, seed=0)
+    for key in [(0, 0), (1, 0), (0, 1)]:
+        a, b = plain[key]["video"], zoomed[key]["video"]
+        assert a.shape == b.shape == (8, 3, 32, 32) and not torch.equal(a, b)
+    # validation clips are never augmented: the same as a plain crop
+    plain_validation = VideoClipDataset(index, ClipSpec(8, 32, 32), train=False, seed=0)
+    assert torch.equal(validation[0]["video"], plain_validation[0]["video"])

@@ -176,7 +176,7 @@ def build_datasets(config: TrainConfig):
     train_index, validation_index = read_index(config.index_path or data_root, data_root).split(config.validation_fraction)
     spec = ClipSpec(config.n_frames, config.height, config.width, config.min_frame_delta, config.max_frame_delta,
                     config.horizontal_flip, loop_short_clips=config.short_clip_policy == "loop",
-                    decode_threads=config.decode_threads)
+                    decode_threads=config.decode_threads, crop_min_side=config.crop_min_side)
     return VideoClipDataset(train_index, spec, train=True, seed=config.seed), VideoClipDataset(validation_index, spec, train=False, seed=config.seed)
 
 

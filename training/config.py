@@ -95,6 +95,9 @@ class TrainConfig:
     min_frame_delta: int = option(1, "smallest frame stride when sampling a clip")
     max_frame_delta: int = option(3, "largest frame stride when sampling a clip")
     horizontal_flip: bool = option(True, "random horizontal flip of training clips")
+    crop_min_side: int = option(0, "scale augmentation: each training clip shows a region whose shorter side is drawn "
+                                "between this many pixels and the largest region of the training aspect, resized to "
+                                "height x width (the published recipe uses 64); 0 = off: always the largest region")
     short_clip_policy: str = option("skip", "clips shorter than needed: 'skip' (draw another) or 'loop'")
     max_failed_fraction: float = option(0.05, "stop when more than this fraction of clip draws fail")
     validation_fraction: float = option(0.01, "share of clips held out, by a stable hash of the path")
@@ -377,6 +380,11 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
     if frozen and not c.pretrained_model_path:
         raise ConfigError(f"train_{frozen[0]}=false with pretrained_model_path='' would freeze randomly initialised "
                           f"weights: set pretrained_model_path to the weights to fine-tune, or train_{frozen[0]}=true")
+    if c.crop_min_side < 0:
+        raise ConfigError(f"crop_min_side={c.crop_min_side} must be 0 (off) or a side in pixels, e.g. 64")
+    if c.crop_min_side and c.latent_cache:
+        raise ConfigError(f"crop_min_side={c.crop_min_side} with latent_cache={c.latent_cache!r}: a cache stores one "
+                          "crop per clip; set crop_min_side=0 to train from the cache")
     if c.decode_threads < 1:
         raise ConfigError(f"decode_threads={c.decode_threads} must be at least 1 (decoder threads per data worker)")
     if c.compile and c.compile_backend not in COMPILE_BACKENDS:

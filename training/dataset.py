@@ -24,6 +24,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import math
 import random
 from collections import Counter
 from dataclasses import dataclass
@@ -224,11 +225,15 @@ class Decoded:
     decoded: int  # frames the decoder produced (from the keyframe before the start)
 
 
-def decode_frames(path: Path, wanted: list[int], cover: tuple[int, int] | None = None, threads: int = 2) -> Decoded:
+def decode_frames(path: Path, wanted: list[int], cover: tuple[int, int] | None = None, threads: int = 2,
+                  zoom: tuple[float, int] | None = None) -> Decoded:
     """Frames at the given (sorted) indices, by seeking to the keyframe before the first one and
     decoding forward. Frame indices are times x average fps, so variable-rate files and wrong
     header counts work. With `cover` (H, W), frames are scaled during the RGB conversion
-    (libswscale) so that, once rotated, they cover H x W."""
+    (libswscale) so that, once rotated, they cover H x W; with `zoom` (u, min_side) too, they
+    cover a larger size such that an H x W crop shows a region of the original frame whose
+    shorter side is drawn (by u in [0, 1)) between min_side pixels and the largest region of the
+    training aspect (scale augmentation: `zoomed_cover`)."""
     import av
 
     try:
@@ -262,7 +267,8 @@ def decode_frames(path: Path, wanted: list[int], cover: tuple[int, int] | None =
                     if not frames:  # the first kept frame fixes rotation and scaling for the clip
                         rotation = int(getattr(frame, "rotation", 0) or 0)
                         if cover:
-                            scaling.update(_scaling(frame.height, frame.width, rotation, cover))
+                            target_size = zoomed_cover(frame.height, frame.width, rotation, cover, *zoom) if zoom else cover
+                            scaling.update(_scaling(frame.height, frame.width, rotation, target_size))
                     frames.append(frame.to_ndarray(**scaling))
                     target = next(targets, None)
                 if target is None:
@@ -289,6 +295,19 @@ def header_frame_count(path: Path) -> int:
         raise ClipError("open_error", f"{path}: {error}") from None
 
 
+def zoomed_cover(height: int, width: int, rotation: int, cover: tuple[int, int], u: float, min_side: int) -> tuple[int, int]:
+    """The size to scale a stored frame to so that an H x W crop of it shows a region whose shorter
+    side is min_side + u * (largest - min_side) pixels of the original (largest: the biggest
+    region of the training aspect in the frame; no zoom when that is already below min_side)."""
+    quarter_turn = round(rotation / 90) % 2 == 1
+    shown_h, shown_w = (width, height) if quarter_turn else (height, width)
+    target_h, target_w = cover
+    largest = min(target_h, target_w) / max(target_h / shown_h, target_w / shown_w)
+    side = largest if largest <= min_side else min_side + u * (largest - min_side)
+    zoom = largest / side
+    return math.ceil(target_h * zoom), math.ceil(target_w * zoom)
+
+
 def _scaling(height: int, width: int, rotation: int, cover: tuple[int, int]) -> dict:
     """swscale arguments for a stored frame whose rotated view must cover `cover` (H, W)."""
     quarter_turn = round(rotation / 90) % 2 == 1
@@ -303,7 +322,7 @@ def _scaling(height: int, width: int, rotation: int, cover: tuple[int, int]) -> 
 
 def read_clip(path: Path, frame_count: int, n_frames: int, min_delta: int, max_delta: int,
               rng: random.Random, loop_short: bool, cover: tuple[int, int] | None = None,
-              threads: int = 2) -> tuple[np.ndarray, int, list[int]]:
+              threads: int = 2, zoom: tuple[float, int] | None = None) -> tuple[np.ndarray, int, list[int]]:
     """(n_frames,H,W,3 uint8 with rotation applied and scaled to cover `cover` when given, frames
     the decoder produced, the stream frame index behind each output frame). A wrong or missing
     header count is corrected by what decoding finds, with one more seek."""
@@ -320,7 +339,7 @@ def read_clip(path: Path, frame_count: int, n_frames: int, min_delta: int, max_d
         wanted = [start + i * stride for i in range(n_frames)]
         if loop_short and frame_count < wanted[-1] + 1:
             wanted = sorted({w % frame_count for w in wanted})
-        result = decode_frames(path, wanted, cover, threads)
+        result = decode_frames(path, wanted, cover, threads, zoom)
         decoded_total += result.decoded
         frames, rotation = result.frames, result.rotation
         if len(frames) == len(wanted):
@@ -353,11 +372,12 @@ def read_frames(path: Path, sources: list[int], cover: tuple[int, int] | None = 
 
 
 def resize_and_crop(video: torch.Tensor, height: int, width: int, rng: random.Random | None,
-                    origin: tuple[int, int] | None = None) -> tuple[torch.Tensor, tuple[int, int]]:
+                    origin: tuple[int, int] | None = None, zoomed: bool = False) -> tuple[torch.Tensor, tuple[int, int]]:
     """T,3,h,w uint8 -> (T,3,height,width uint8, (top, left)): scale (keeping aspect, up or down)
-    to cover, then crop at `origin` when given, else random when rng is given, else centred."""
+    to cover, then crop at `origin` when given, else random when rng is given, else centred.
+    `zoomed`: the frames were scaled by read_clip(zoom=...) to more than cover: crop only."""
     h, w = video.shape[-2:]
-    new_h, new_w = cover_size(h, w, height, width)
+    new_h, new_w = (h, w) if zoomed else cover_size(h, w, height, width)
     if (new_h, new_w) != (h, w):  # frames from read_clip(cover=...) already cover: crop only
         video = F.interpolate(video.float(), size=(new_h, new_w), mode="bilinear", antialias=True, align_corners=False)
         video = video.round().clamp(0, 255).to(torch.uint8)
@@ -383,6 +403,7 @@ class ClipSpec:
     horizontal_flip: bool = False
     loop_short_clips: bool = False
     decode_threads: int = 2
+    crop_min_side: int = 0  # scale augmentation of training clips (0 = off; see zoomed_cover)
 
 
 class VideoClipDataset(Dataset):
@@ -409,15 +430,16 @@ class VideoClipDataset(Dataset):
             path = self.index.path(i)
             max_delta = spec.max_frame_delta if self.train else spec.min_frame_delta
             window_rng = rng if self.train else random.Random(i)
+            zoom = (rng.random(), spec.crop_min_side) if self.train and spec.crop_min_side else None  # the same for every frame
             try:
                 frames, decoded, sources = read_clip(path, int(self.index.frames[i]), spec.n_frames, spec.min_frame_delta,
                                                      max_delta, window_rng, spec.loop_short_clips, cover=(spec.height, spec.width),
-                                                     threads=spec.decode_threads)
+                                                     threads=spec.decode_threads, zoom=zoom)
             except ClipError as error:
                 skipped.append((error.reason, str(path)))
                 continue
             video, crop = resize_and_crop(torch.from_numpy(frames).permute(0, 3, 1, 2), spec.height, spec.width,
-                                          rng if self.train else None)
+                                          rng if self.train else None, zoomed=zoom is not None)
             flip = self.train and spec.horizontal_flip and rng.random() < 0.5
             recipe = {"clip": self.index.relative(i), "sources": sources, "crop": crop, "flip": flip}
             return {"video": (video.flip(-1) if flip else video).contiguous(), "skipped": skipped,
