@@ -98,6 +98,8 @@ PATH_CHECK=(); (( DRY_RUN )) && PATH_CHECK=(--no-check-paths)
 RESOLVED="$("$PYTHON" -m training.config "$CONFIG" --num-processes "$TOTAL_PROCESSES" \
   "${SET_ARGS[@]+"${SET_ARGS[@]}"}" "${PATH_CHECK[@]+"${PATH_CHECK[@]}"}" --shell)" || exit 2
 eval "$RESOLVED"
+# a custom config on a CPU accelerate file (base_profile "cpu" or "test") runs as a CPU profile
+[[ "$(basename "$ACCELERATE_CONFIG_FILE")" == *_cpu.yaml ]] && CPU_PROFILE=1
 [[ -f "$ACCELERATE_CONFIG_FILE" ]] || die "accelerate file not found: $ACCELERATE_CONFIG_FILE"
 
 # The run folder: --output-dir; else the config's output_dir; else the run being resumed; else a new output/<timestamp>.
@@ -114,6 +116,47 @@ fi
 # Collectives time out later on bigger jobs: at least 30 minutes per node.
 if (( NUM_MACHINES > 1 && CONFIG_NCCL_TIMEOUT_S < 1800 * NUM_MACHINES )); then
   SETS+=("nccl_timeout_s=$((1800 * NUM_MACHINES))"); SET_ARGS+=(--set "nccl_timeout_s=$((1800 * NUM_MACHINES))")
+fi
+
+# ---------------------------------------------------------------- staged runs (docs/training.md#recipes)
+# A config with stages=(...) runs each stage as its own launch of this script, in
+# <run>/stage<K>-<name>/, from the previous stage's export; a stage that finished is skipped and
+# an interrupted one resumes, so the same command continues a staged run wherever it stopped.
+STAGE_GIVEN=0
+for item in "${SETS[@]+"${SETS[@]}"}"; do [[ "$item" == stage=* ]] && STAGE_GIVEN=1; done
+run_stages() {
+  local k=0 previous="" entry name stage_dir status
+  mkdir -p "$OUTPUT_DIR"
+  for entry in $CONFIG_STAGES; do
+    k=$((k + 1)); name="${entry%%:*}"; stage_dir="$OUTPUT_DIR/stage$k-$name"
+    if [[ -f "$stage_dir/FINISHED" ]]; then
+      echo "stage $k ($name): finished earlier ($stage_dir/final)"; previous="$stage_dir"; continue
+    fi
+    local args=("$NGPU" "$PROFILE"); [[ -n "$CONFIG_PATH" ]] && args+=("$CONFIG_PATH")
+    args+=(--output-dir "$stage_dir" --resume auto "${SET_ARGS[@]+"${SET_ARGS[@]}"}" --set "stage=$k")
+    [[ -n "$previous" ]] && args+=(--set "pretrained_model_path=$previous/final/taehv.pth")
+    (( DEBUG )) && args+=(--debug)
+    echo "${BOLD}stage $k ($name, ${entry##*:} steps)${RESET}: $stage_dir"
+    "$0" "${args[@]}" &
+    STAGE_CHILD=$!
+    trap 'kill -TERM "$STAGE_CHILD" 2>/dev/null || true' TERM INT HUP  # the stage checkpoints and stops
+    while :; do
+      status=0; wait "$STAGE_CHILD" || status=$?
+      kill -0 "$STAGE_CHILD" 2>/dev/null || break
+    done
+    trap - TERM INT HUP
+    (( status == 0 )) || return "$status"
+    if [[ ! -f "$stage_dir/FINISHED" ]]; then
+      echo "stopped in stage $k ($name); continue the staged run with: $0 $NGPU $PROFILE${CONFIG_PATH:+ $CONFIG_PATH} --output-dir $OUTPUT_DIR"
+      return 0
+    fi
+    previous="$stage_dir"
+  done
+  ln -sfn "$(basename "$previous")/final" "$OUTPUT_DIR/final"
+  echo "all $k stages done: $OUTPUT_DIR/final -> $previous/final"
+}
+if [[ -n "$CONFIG_STAGES" ]] && (( ! STAGE_GIVEN && ! DRY_RUN )); then
+  run_stages; exit $?
 fi
 
 # GPU memory: an estimate per rank (training/memory.py) against gpu_memory_gb, before any GPU is touched.
@@ -187,6 +230,9 @@ ${BOLD}TAEHV training${RESET}
   resume           ${RESUME:-no}
   data / weights   $CONFIG_DATA_ROOT | ${CONFIG_PRETRAINED:-from scratch} | $CONFIG_REF_VAE
 EOF
+if [[ -n "$CONFIG_STAGES" ]] && (( ! STAGE_GIVEN )); then
+  echo "  stages           $CONFIG_STAGES (name:steps; each a launch with --set stage=K in $OUTPUT_DIR/stage<K>-<name>/)"
+fi
 
 if (( DRY_RUN )); then
   echo "environment:"

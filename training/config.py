@@ -143,6 +143,12 @@ class TrainConfig:
     max_consecutive_bad_steps: int = option(5, "non-finite steps in a row before checkpoint-and-stop")
     gpu_memory_gb: float = option(80.0, "memory of one GPU; a GPU profile whose estimated peak per rank (training/memory.py, "
                                   "printed by --dry-run) exceeds it is refused with the fix")
+    # --- stages (docs/training.md#recipes) ------------------------------------------------------
+    stages: tuple = option((), "train in stages, one after another in one run folder: dicts with steps, an optional "
+                           "name and any keys that differ (height, width, n_frames, train_encoder, loss weights, "
+                           "learning_rate, ...); each stage starts from the previous stage's export with a fresh "
+                           "optimizer; () = one stage of max_steps")
+    stage: int = option(0, "[set by the launcher for staged runs] the stage (1-based) this launch trains")
     # --- distributed ---------------------------------------------------------------------------
     nccl_timeout_s: int = option(3600, "collective timeout in seconds (NCCL / gloo) for set-up, resume and the first step")
     step_timeout_s: int = option(600, "collective timeout once the first step is done: a stuck, stopped or dead rank "
@@ -258,6 +264,38 @@ def parse_set_arguments(items: list[str]) -> dict:
     return parsed
 
 
+STAGE_FIXED_KEYS = {"stages", "stage", "output_dir", "pretrained_model_path", "accelerate_config", "supported_num_gpus",
+                    "model_variant", "max_steps"}
+
+
+def stage_overrides(stages: tuple, stage: int, source: str) -> dict:
+    """The keys stage `stage` (1-based) sets, with max_steps = its steps and the step intervals
+    capped to it (a validation and a checkpoint at its end at least); {} for stage 0."""
+    if not stage:
+        return {}
+    if not 1 <= stage <= len(stages):
+        raise ConfigError(f"stage={stage}: the config has {len(stages)} stages (stages=...)" if stages else
+                          f"stage={stage}: the config lists no stages; remove --set stage")
+    entry = dict(stages[stage - 1])
+    steps = entry.pop("steps", None)
+    name = str(entry.pop("name", f"stage{stage}"))
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise ConfigError(f"{source}: stages[{stage - 1}] name={name!r}: use letters, digits, '_', '-' or '.' (it names a folder)")
+    if not isinstance(steps, int) or steps < 1:
+        raise ConfigError(f"{source}: stages[{stage - 1}] needs steps=<positive int>, got {steps!r}")
+    for key in entry:
+        if key in STAGE_FIXED_KEYS or key not in FIELD_TYPES or key in DERIVED_KEYS:
+            why = "is the same for every stage" if key in STAGE_FIXED_KEYS else f"is no config key{_closest(key)}"
+            raise ConfigError(f"{source}: stages[{stage - 1}] sets {key!r}, which {why}")
+    values = {key: _check_type(key, value, f"{source} stages[{stage - 1}]") for key, value in entry.items()}
+    values["max_steps"] = steps
+    return values
+
+
+def stage_names(stages: tuple) -> list[str]:
+    return [str(dict(entry).get("name", f"stage{i}")) for i, entry in enumerate(stages, 1)]
+
+
 def _check_type(key: str, value: Any, source: str) -> Any:
     kind = FIELD_TYPES[key]
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
@@ -279,7 +317,11 @@ def load_config(
         if key not in FIELD_TYPES or key in DERIVED_KEYS:
             raise ConfigError(f"{source}: unknown config key {key!r}{_closest(key)}")
         values[key] = _check_type(key, value, source)
-    values.update(parse_set_arguments(overrides or []))
+    set_values = parse_set_arguments(overrides or [])
+    for stage in range(1, len(values.get("stages", ())) + 1):  # every stage's keys, before stage 1 starts
+        stage_overrides(values["stages"], stage, source)
+    values.update(stage_overrides(values.get("stages", ()), set_values.get("stage", values.get("stage", 0)), source))
+    values.update(set_values)
     config = TrainConfig(**values)
     config.num_processes = num_processes if num_processes is not None else (config.supported_num_gpus or (1,))[0]
     validate(config, check_paths=check_paths)
@@ -410,6 +452,9 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
             f"global_batch_size={c.global_batch_size} but batch_size_per_gpu {c.batch_size_per_gpu} x processes "
             f"{c.num_processes} x gradient_accumulation_steps {c.gradient_accumulation_steps} = {expected}: make them agree"
         )
+    if c.stages and c.stage:  # a stage's intervals are capped to its steps (at least one at its end)
+        for key in ("warmup_steps", "log_every", "validation_steps", "checkpointing_steps"):
+            setattr(c, key, min(getattr(c, key), c.max_steps))
     for key in ("warmup_steps", "log_every", "validation_steps", "checkpointing_steps"):
         if getattr(c, key) > c.max_steps:
             raise ConfigError(f"{key}={getattr(c, key)} exceeds max_steps={c.max_steps}: lower it or raise max_steps")
@@ -652,6 +697,7 @@ def main(argv: list[str] | None = None) -> int:
             "CONFIG_PRETRAINED": config.pretrained_model_path,
             "CONFIG_REF_VAE": config.ref_vae_path if config.use_ref_vae else "(autoencoder mode)",
             "VISIBLE_GPUS": visible_gpu_count(),
+            "CONFIG_STAGES": " ".join(f"{name}:{dict(entry)['steps']}" for name, entry in zip(stage_names(config.stages), config.stages)),
         }
         for key, value in shell_values.items():
             print(f"{key}={shlex.quote(str(value))}")
