@@ -54,6 +54,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from models.reference_vae import FAMILIES  # noqa: E402
 from models.taehv import TAEHV  # noqa: E402
 from scripts.results import emit_result  # noqa: E402
 
@@ -404,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frames", type=int, default=8)  # 5 decoded frames: one Seraena group
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--ref-vae", default="cogvideox", choices=("cogvideox", "hunyuan", "wan", "none"))
+    parser.add_argument("--ref-vae", default="cogvideox", choices=(*FAMILIES, "none"))
     parser.add_argument("--ref-vae-size", choices=("small", "full"), default="small",
                         help="small random config, or the published architecture (random weights)")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile (slow to compile on CPU)")
