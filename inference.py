@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from models.metrics import LPIPSUnavailable, load_lpips, psnr, ssim
+from models.metrics import LPIPSUnavailable, load_lpips, psnr, ssim, temporal_error
 from models.reference_vae import FAMILIES
 from models.taehv import TAEHV
 from training.dataset import ClipError, probe_video, read_clip, read_index, resize_and_crop
@@ -169,14 +169,18 @@ class Speed:
 
 
 def frame_metrics(decoded: torch.Tensor, target: torch.Tensor, lpips) -> dict:
-    """MSE, PSNR, SSIM, LPIPS (None when unavailable) and per-frame PSNR of one clip (N = 1)."""
+    """MSE, PSNR, SSIM, LPIPS (None when unavailable), flicker (None for one frame), per-frame PSNR
+    and per-frame-pair flicker of one clip (N = 1)."""
     decoded, target = decoded.float(), target.float()
+    pairs = temporal_error(decoded, target)[0].tolist() if decoded.shape[1] >= 2 else []
     return {
         "mse": (decoded - target).pow(2).mean().item(),
         "psnr": psnr(decoded, target).item(),
         "ssim": ssim(decoded, target).item(),
         "lpips": lpips(decoded, target).item() if lpips is not None else None,
+        "flicker": sum(pairs) / len(pairs) if pairs else None,
         "per_frame_psnr": [round(psnr(decoded[:, t], target[:, t]).item(), 4) for t in range(decoded.shape[1])],
+        "per_pair_flicker": [round(v, 6) for v in pairs],
     }
 
 
@@ -282,26 +286,34 @@ def write_markdown(path: Path, report: dict) -> None:
     lines = [f"# Evaluation of {model['path']}", "",
              f"Variant `{model['variant']}`, code {model['code_version']}, device {inputs['device']} ({inputs['dtype']}), "
              f"{inputs['frames']} frames at {size}{', streaming' if inputs['streaming'] else ''}.", "",
-             "| mode | PSNR (dB) | SSIM | LPIPS |", "|---|---|---|---|",
-             f"| student round trip | {number(mean['psnr'])} | {number(mean['ssim'], 4)} | {number(mean['lpips'], 4)} |"]
+             "| mode | PSNR (dB) | SSIM | LPIPS | flicker |", "|---|---|---|---|---|",
+             f"| student round trip | {number(mean['psnr'])} | {number(mean['ssim'], 4)} | {number(mean['lpips'], 4)} | "
+             f"{number(mean['flicker'], 4)} |"]
     for key, name in (("decode_reference_latents", "student decode of reference latents"),
                       ("reference_round_trip", "reference VAE round trip")):
         if key in mean:
-            lines.append(f"| {name} | {number(mean[key]['psnr'])} | {number(mean[key]['ssim'], 4)} | {number(mean[key]['lpips'], 4)} |")
+            lines.append(f"| {name} | {number(mean[key]['psnr'])} | {number(mean[key]['ssim'], 4)} | {number(mean[key]['lpips'], 4)} | "
+                         f"{number(mean[key]['flicker'], 4)} |")
     if mean["per_position_psnr"]:
         positions = mean["per_position_psnr"]
         lines += ["", f"Student round trip, PSNR over all decoded frames: {number(mean['frame_mean_psnr'])} dB; by frame position:",
                   "", "| " + " | ".join(str(t) for t in range(len(positions))) + " |", "|---" * len(positions) + "|",
                   "| " + " | ".join(number(v, 1) for v in positions) + " |"]
+    if mean["per_pair_flicker"]:
+        pairs = mean["per_pair_flicker"]
+        lines += ["", "Student round trip, flicker (RMSE of frame-to-frame changes, decoded vs input; 0 = changes "
+                  "exactly as the input, lower is better) by frame pair:",
+                  "", "| " + " | ".join(f"{t}-{t + 1}" for t in range(len(pairs))) + " |", "|---" * len(pairs) + "|",
+                  "| " + " | ".join(number(v, 4) for v in pairs) + " |"]
     if mean["lpips"] is None:
         lines += ["", f"LPIPS: unavailable ({report['lpips_unavailable']})."]
-    lines += ["", "| clip | status | frames | PSNR (dB) | SSIM | LPIPS |", "|---|---|---|---|---|---|"]
+    lines += ["", "| clip | status | frames | PSNR (dB) | SSIM | LPIPS | flicker |", "|---|---|---|---|---|---|---|"]
     for clip in report["clips"]:
         if clip["status"] == "ok":
             lines.append(f"| {clip['path']} | ok | {clip['frames']} | {number(clip['psnr'])} | {number(clip['ssim'], 4)} | "
-                         f"{number(clip['lpips'], 4)} |")
+                         f"{number(clip['lpips'], 4)} | {number(clip['flicker'], 4)} |")
         else:
-            lines.append(f"| {clip['path']} | skipped: {clip['reason']} | | | | |")
+            lines.append(f"| {clip['path']} | skipped: {clip['reason']} | | | | | |")
     lines += ["", "| model | encode frames/s | decode frames/s | peak GPU memory (GB) |", "|---|---|---|---|"]
     for name, speed in report["speed"].items():
         if isinstance(speed, dict):
@@ -313,19 +325,23 @@ def write_markdown(path: Path, report: dict) -> None:
 
 def frame_position_means(clips: list[dict]) -> dict:
     """PSNR averaged over every decoded frame of every clip, and by frame position (temporal slot)
-    over the positions all clips have: an untrained slot of the decoder shows as one low position."""
+    over the positions all clips have: an untrained slot of the decoder shows as one low position.
+    Flicker likewise by frame pair (t, t+1), over the pairs all clips have."""
     if not clips:
-        return {"frame_mean_psnr": None, "per_position_psnr": []}
+        return {"frame_mean_psnr": None, "per_position_psnr": [], "per_pair_flicker": []}
     every_frame = [value for clip in clips for value in clip["per_frame_psnr"]]
     positions = min(len(clip["per_frame_psnr"]) for clip in clips)
     by_position = [sum(clip["per_frame_psnr"][t] for clip in clips) / len(clips) for t in range(positions)]
-    return {"frame_mean_psnr": sum(every_frame) / len(every_frame), "per_position_psnr": [round(v, 4) for v in by_position]}
+    pairs = min(len(clip["per_pair_flicker"]) for clip in clips)
+    by_pair = [sum(clip["per_pair_flicker"][t] for clip in clips) / len(clips) for t in range(pairs)]
+    return {"frame_mean_psnr": sum(every_frame) / len(every_frame), "per_position_psnr": [round(v, 4) for v in by_position],
+            "per_pair_flicker": [round(v, 6) for v in by_pair]}
 
 
 def mean_of(clips: list[dict], key: str | None = None) -> dict:
     rows = [c[key] if key else c for c in clips]
     out = {}
-    for metric in ("mse", "psnr", "ssim", "lpips"):
+    for metric in ("mse", "psnr", "ssim", "lpips", "flicker"):
         values = [r[metric] for r in rows if r[metric] is not None]
         out[metric] = sum(values) / len(values) if values and len(values) == len(rows) else None
     return out
@@ -439,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
             panels.append((f"{path.name}  {metrics['psnr']:.2f} dB", panel))
         clips.append(clip)
     evaluated = [c for c in clips if c["status"] == "ok"]
-    mean = mean_of(evaluated) if evaluated else {"mse": None, "psnr": None, "ssim": None, "lpips": None}
+    mean = mean_of(evaluated) if evaluated else {"mse": None, "psnr": None, "ssim": None, "lpips": None, "flicker": None}
     mean.update(frame_position_means(evaluated))
     if reference is not None and evaluated:
         mean["decode_reference_latents"] = mean_of(evaluated, "decode_reference_latents")
@@ -470,9 +486,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{detail:24s} {clip['path']}")
     print(f"{len(evaluated)} of {len(clips)} clips evaluated; mean PSNR {number(mean['psnr'])} dB "
           f"(over all decoded frames {number(mean['frame_mean_psnr'])} dB), SSIM {number(mean['ssim'], 4)}, "
-          f"LPIPS {number(mean['lpips'], 4)}")
+          f"LPIPS {number(mean['lpips'], 4)}, flicker {number(mean['flicker'], 4)}")
     if mean["per_position_psnr"]:
         print("PSNR by frame position: " + " ".join(f"{v:.1f}" for v in mean["per_position_psnr"]) + " dB")
+    if mean["per_pair_flicker"]:
+        print("flicker by frame pair: " + " ".join(f"{v:.4f}" for v in mean["per_pair_flicker"]))
     print(f"report: {args.out / 'report.md'} (and report.json)")
     if panels:
         print(f"contact sheet: {args.out / 'contact_sheet.png'}; per-frame plot: {args.out / 'per_frame_psnr.png'}")

@@ -1,8 +1,14 @@
 """Image-quality metrics shared by training, validation and inference.py.
 
-Every function takes N,T,C,H,W (or N,C,H,W) tensors in [0, 1] and returns one value per clip.
+Every function takes N,T,C,H,W (or N,C,H,W) tensors in [0, 1] and returns one value per clip
+(temporal_error: one per frame pair).
 
 - psnr:  10 log10(1 / MSE).
+- flicker (temporal_error per frame pair, flicker its mean per clip): the RMSE of frame-to-frame
+         changes, sqrt(mean over C,H,W of ((rec[t+1] - rec[t]) - (inp[t+1] - inp[t]))^2), in
+         the units of the frames ([0, 1]). 0 when the reconstruction changes exactly as the input
+         does (a perfect one, or one off by the same error in every frame); errors that are new
+         in every frame (independent, of RMSE r) give sqrt(2) r. Lower is better.
 - ssim:  Gaussian-window SSIM (11 taps, sigma 1.5, K1 0.01, K2 0.03, data range 1), averaged over
          channels, pixels and frames; the usual definition (Wang et al. 2004).
 - LPIPS: the learned perceptual distance of Zhang et al. 2018 ("alex" net, version 0.1): AlexNet
@@ -41,6 +47,22 @@ def frames(video: torch.Tensor) -> torch.Tensor:
 def psnr(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     mse = (prediction.float() - target.float()).pow(2).flatten(1).mean(1).clamp_min(1e-10)
     return -10 * torch.log10(mse)
+
+
+def temporal_error(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """N x (T-1): for each clip and frame pair (t, t+1), the RMSE over C,H,W of the change of
+    the reconstruction minus the change of the input. Equal to the RMSE of the change of the
+    error e = prediction - target, so an error that stays put costs nothing and one that moves
+    (flicker, popping detail, shifting colour) does. Needs N,T,C,H,W with T >= 2."""
+    if prediction.dim() != 5 or prediction.shape[1] < 2:
+        raise ValueError(f"temporal_error needs N,T,C,H,W with T >= 2 frames, got shape {tuple(prediction.shape)}")
+    error = prediction.float() - target.float()
+    return (error[:, 1:] - error[:, :-1]).pow(2).flatten(2).mean(2).sqrt()
+
+
+def flicker(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Per clip: temporal_error averaged over its frame pairs."""
+    return temporal_error(prediction, target).mean(1)
 
 
 def _gaussian_window(channels: int, device, size: int = 11, sigma: float = 1.5) -> torch.Tensor:

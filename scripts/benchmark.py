@@ -213,7 +213,7 @@ def distillation_step_times(args, device: torch.device, data_root: Path) -> dict
         student = Student(TAEHV(args.variant)).to(device).train()
         optimizer = torch.optim.AdamW(student.parameters(), lr=1e-4)
         weights = SimpleNamespace(encoder_weight=0.1, decoder_weight=0.1, reconstruction_weight=10.0, seraena_weight=0.0,
-                                  perceptual_weight=0.0, pixel_loss="mse")
+                                  perceptual_weight=0.0, temporal_weight=0.0, pixel_loss="mse")
         video = torch.rand(args.batch, frames, 3, args.height, args.width, device=device)
         in_memory = reference.encode(video)
         rng = random.Random(0)
@@ -313,7 +313,8 @@ def profile_benchmark(args) -> dict:
         "profile": args.profile,
         "shape": {"batch_per_gpu": batch, "frames": config.n_frames, "height": config.height, "width": config.width,
                   "variant": config.model_variant, "precision": config.mixed_precision},
-        "loss_terms": {k: getattr(config, f"{k}_weight") for k in ("reconstruction", "encoder", "decoder", "perceptual", "seraena")},
+        "loss_terms": {k: getattr(config, f"{k}_weight") for k in ("reconstruction", "encoder", "decoder", "perceptual", "seraena",
+                                                                         "temporal")},
         "reference_vae": ("none (autoencoder mode)" if not config.use_ref_vae else "none (latents cached)" if cached
                           else f"{config.ref_vae_family} on the fly (published architecture, random weights)"),
         "flops_per_micro_step": flops,

@@ -58,6 +58,8 @@ def test_production_profiles_have_the_values_users_run():
         (["model_variant=taehv1_5", "height=472"], "multiple of 16 for taehv1_5"),
         (["zero_stage=3"], "derived key"),
         (["perceptual_weight=-1"], "perceptual_weight=-1.0 must not be negative"),
+        (["temporal_weight=-1"], "temporal_weight=-1.0 must not be negative"),
+        (["best_metric=flicker_psnr"], "best_metric='flicker_psnr': choose one of psnr, ssim, lpips, flicker, decode_psnr"),
         (["sample_data=yes"], "sample_data='yes': choose one of , real, synthetic"),
         (["ref_vae_latent_space=normalized"], "ref_vae_latent_space='normalized' is not available for the cogvideox VAE: "
                                                "choose auto or one of raw, scaled"),
@@ -77,6 +79,10 @@ def test_bad_values_fail_with_the_key_named(overrides, message):
 def test_one_latent_frame_trains_only_when_image_only_says_so():
     image = load_config("cpu", ["n_frames=4", "image_only=true"], 1, check_paths=False)
     assert image.latent_frames == 1
+    for temporal in ("temporal_weight=0.1", "best_metric=flicker"):  # one decoded frame has no frame-to-frame change
+        with pytest.raises(ConfigError, match=f"{temporal}.* compares consecutive frames, n_frames=4 gives 1 decoded frame"):
+            load_config("cpu", ["n_frames=4", "image_only=true", temporal], 1, check_paths=False)
+    assert load_config("cpu", ["temporal_weight=0.1", "best_metric=flicker"], 1, check_paths=False).temporal_weight == 0.1
     for profile in ("cpu", "test"):  # the embedded defaults train every temporal slot
         assert load_config(profile, [], 1, check_paths=False).latent_frames >= 2
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import REPO_ROOT, SAMPLE_VIDEOS, free_port
-from models.metrics import psnr, save_random_lpips_weights, ssim
+from models.metrics import psnr, save_random_lpips_weights, ssim, temporal_error
 from models.reference_vae import tiny_reference_vae_config, vae_class
 from models.taehv import TAEHV
 from scripts.make_sample_videos import make_sample_videos
@@ -73,7 +73,11 @@ def test_report_fields_metrics_pictures_and_skips(setup, tmp_path):
     assert first["frames"] == 9 == len(first["per_frame_psnr"])
     assert first["per_frame_psnr"][0] == pytest.approx(psnr(decoded[:, 0], target[:, 0]).item(), abs=1e-3)
     assert first["lpips"] > 0 and report["lpips_unavailable"] is None
-    for metric in ("psnr", "ssim", "lpips"):
+    # flicker per frame pair and per clip, from the same tensors
+    pairs = temporal_error(decoded, target)[0]
+    assert len(first["per_pair_flicker"]) == 8 and first["per_pair_flicker"][3] == pytest.approx(pairs[3].item(), abs=1e-5)
+    assert first["flicker"] == pytest.approx(pairs.mean().item(), abs=1e-5) and first["flicker"] > 0
+    for metric in ("psnr", "ssim", "lpips", "flicker"):
         assert report["mean"][metric] == pytest.approx(sum(c[metric] for c in ok) / 3)
     assert report["speed"]["student"]["encode_frames_per_second"] > 0
     for clip in ok:
@@ -81,6 +85,8 @@ def test_report_fields_metrics_pictures_and_skips(setup, tmp_path):
     assert (out / "contact_sheet.png").stat().st_size > 1000 and (out / "per_frame_psnr.png").stat().st_size > 1000
     markdown = (out / "report.md").read_text()
     assert f"| student round trip | {report['mean']['psnr']:.2f} |" in markdown and "skipped: open_error" in markdown
+    assert f"| {report['mean']['lpips']:.4f} | {report['mean']['flicker']:.4f} |" in markdown
+    assert f"| {first['lpips']:.4f} | {first['flicker']:.4f} |" in markdown  # the clip's row
 
 
 def test_side_by_side_video_shows_input_reconstruction_and_error(setup, tmp_path):
@@ -153,6 +159,7 @@ def test_reference_vae_modes(setup, tmp_path):
     clip = report["clips"][0]
     for mode in ("decode_reference_latents", "reference_round_trip"):
         assert len(clip[mode]["per_frame_psnr"]) == 9 and clip[mode]["psnr"] > 0
+        assert len(clip[mode]["per_pair_flicker"]) == 8 and clip[mode]["flicker"] > 0
         assert report["mean"][mode]["psnr"] == pytest.approx(clip[mode]["psnr"])
     assert report["speed"]["reference"]["decode_frames_per_second"] > 0
     assert "| reference VAE round trip |" in (tmp_path / "ok" / "report.md").read_text()
@@ -196,7 +203,11 @@ def test_held_out_clips_of_a_run_by_frame_position(setup, tmp_path):
     positions = report["mean"]["per_position_psnr"]
     assert len(positions) == 5  # 8 frames = 2 latents, 5 frames back
     assert positions[0] == pytest.approx(sum(c["per_frame_psnr"][0] for c in ok) / len(ok), abs=1e-3)
-    assert "by frame position" in (tmp_path / "report.md").read_text()
+    pairs = report["mean"]["per_pair_flicker"]
+    assert len(pairs) == 4 and pairs[1] == pytest.approx(sum(c["per_pair_flicker"][1] for c in ok) / len(ok), abs=1e-5)
+    markdown = (tmp_path / "report.md").read_text()
+    assert "by frame position" in markdown and "by frame pair" in markdown and "| 0-1 | 1-2 | 2-3 | 3-4 |" in markdown
+    assert "flicker by frame pair:" in result.stdout
     assert "PSNR by frame position:" in result.stdout and f"contact sheet: {tmp_path / 'contact_sheet.png'}" in result.stdout
     missing = run_inference("--model", str(run), "--held-out-of", str(videos), "--out", str(tmp_path / "x"))
     assert missing.returncode == 2 and "no resolved_config.json" in missing.stderr

@@ -1,12 +1,13 @@
-"""PSNR, SSIM and LPIPS (models/metrics.py) against independent computations and the published
-file layouts."""
+"""PSNR, SSIM, LPIPS and flicker (models/metrics.py) against independent computations and the
+published file layouts."""
 
 import numpy as np
 import pytest
 import torch
 
 from models.metrics import (
-    ALEX_CHANNELS, LPIPS, LPIPSUnavailable, find_lpips_weights, load_lpips, psnr, save_random_lpips_weights, ssim,
+    ALEX_CHANNELS, LPIPS, LPIPSUnavailable, find_lpips_weights, flicker, load_lpips, psnr, save_random_lpips_weights, ssim,
+    temporal_error,
 )
 
 
@@ -40,6 +41,33 @@ def test_psnr_and_ssim_match_independent_computations():
     assert torch.allclose(ssim(clean, clean), torch.ones(2))
     worse = (clean + 0.2 * torch.randn_like(clean)).clamp(0, 1)
     assert (ssim(worse, clean) < ssim(noisy, clean)).all()
+
+
+def test_flicker_is_zero_when_the_reconstruction_changes_as_the_input_and_grows_with_flicker():
+    torch.manual_seed(0)
+    clean = torch.rand(2, 6, 3, 16, 20)
+    assert temporal_error(clean, clean).shape == (2, 5)  # one value per clip and frame pair
+    assert torch.equal(flicker(clean, clean), torch.zeros(2))
+    # an error that stays put costs nothing: a constant offset, or the same noise in every frame
+    assert torch.allclose(flicker(clean + 0.1, clean), torch.zeros(2), atol=1e-6)
+    static = clean + 0.05 * torch.randn(2, 1, 3, 16, 20)
+    assert torch.allclose(flicker(static, clean), torch.zeros(2), atol=1e-6) and (psnr(static, clean) < 30).all()
+    # the definition, by hand, for one clip and pair
+    noisy = clean + 0.03 * torch.randn_like(clean)
+    by_hand = ((noisy[1, 3] - noisy[1, 2]) - (clean[1, 3] - clean[1, 2])).pow(2).mean().sqrt()
+    assert temporal_error(noisy, clean)[1, 2].item() == pytest.approx(by_hand.item(), rel=1e-5)
+    assert torch.allclose(flicker(noisy, clean), temporal_error(noisy, clean).mean(1))
+    # noise new in every frame, of RMSE r, gives about sqrt(2) r; more noise, more flicker
+    assert flicker(noisy, clean).mean().item() == pytest.approx(2**0.5 * 0.03, rel=0.03)
+    louder = clean + 0.1 * torch.randn_like(clean)
+    assert (flicker(louder, clean) > flicker(noisy, clean)).all()
+    # flicker in one frame only shows in the two pairs around it
+    popped = clean.clone()
+    popped[:, 3] += 0.2
+    pairs = temporal_error(popped, clean)
+    assert torch.allclose(pairs[:, 2:4], torch.full((2, 2), 0.2)) and torch.allclose(pairs[:, [0, 1, 4]], torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="T >= 2"):
+        temporal_error(clean[:, :1], clean[:, :1])
 
 
 def test_lpips_files_have_the_published_layout_and_load(tmp_path):

@@ -15,6 +15,7 @@ from conftest import REPO_ROOT, free_port
 from models.metrics import LPIPS, save_random_lpips_weights
 from models.reference_vae import ReferenceVAE, tiny_reference_vae, tiny_reference_vae_config, vae_class
 from models.taehv import TAEHV
+from training import distill
 from training.distill import SeraenaState, Student, compute_losses
 
 STUDENT_FOR = {"cogvideox": "taecvx", "hunyuan": "taehv", "wan": "taew2_1"}
@@ -39,7 +40,7 @@ def tiny_reference(family: str) -> ReferenceVAE:
 
 def loss_config(**weights):
     base = dict(encoder_weight=0.1, decoder_weight=0.1, reconstruction_weight=10.0, seraena_weight=0.0,
-                perceptual_weight=0.0, pixel_loss="mse")
+                perceptual_weight=0.0, temporal_weight=0.0, pixel_loss="mse", lpips_bf16=False, mixed_precision="no")
     return SimpleNamespace(**{**base, **weights})
 
 
@@ -130,6 +131,14 @@ class CallCounter:
             return original_lpips(self_, *args)
 
         monkeypatch.setattr(LPIPS, "forward", counted_lpips)
+        self.frame_changes = 0  # the temporal term's work
+        original_changes = distill.frame_changes
+
+        def counted_changes(video):
+            self.frame_changes += 1
+            return original_changes(video)
+
+        monkeypatch.setattr(distill, "frame_changes", counted_changes)
 
 
 @pytest.mark.parametrize("weights, expected_calls, terms", [
@@ -140,8 +149,10 @@ class CallCounter:
      {"encode": 0, "decode": 1, "seraena": 1, "lpips": 0}, {"seraena"}),
     (dict(reconstruction_weight=0.0, encoder_weight=0.0, decoder_weight=0.0, perceptual_weight=0.1),
      {"encode": 0, "decode": 1, "seraena": 0, "lpips": 1}, {"perceptual"}),
-    (dict(seraena_weight=0.1, perceptual_weight=0.1), {"encode": 1, "decode": 2, "seraena": 1, "lpips": 1},
-     {"encoder", "decoder", "reconstruction", "seraena", "perceptual"}),
+    (dict(reconstruction_weight=0.0, encoder_weight=0.0, decoder_weight=0.0, temporal_weight=0.1),
+     {"encode": 0, "decode": 1, "seraena": 0, "lpips": 0}, {"temporal"}),
+    (dict(seraena_weight=0.1, perceptual_weight=0.1, temporal_weight=0.1), {"encode": 1, "decode": 2, "seraena": 1, "lpips": 1},
+     {"encoder", "decoder", "reconstruction", "seraena", "perceptual", "temporal"}),
 ])
 def test_zero_weights_skip_their_computation_and_others_reach_the_student(monkeypatch, tmp_path, weights, expected_calls, terms):
     reference = tiny_reference("hunyuan")
@@ -156,11 +167,71 @@ def test_zero_weights_skip_their_computation_and_others_reach_the_student(monkey
     loss, logged = compute_losses(loss_config(**weights), student, video, latents, seraena, lpips)
     assert counter.calls == expected_calls
     assert set(logged) - {"loss", "psnr"} == terms
+    assert counter.frame_changes == (2 if "temporal" in terms else 0)  # decoded and input: weight 0 computes nothing
     loss.backward()
     encoder_grad = student.taehv.encoder[0].weight.grad
     decoder_grad = student.taehv.decoder[1].weight.grad
     assert (encoder_grad is not None and encoder_grad.abs().sum() > 0) == bool(terms & {"encoder", "reconstruction"})
     assert decoder_grad is not None and decoder_grad.abs().sum() > 0 or terms == {"encoder"}
+
+
+@pytest.mark.parametrize("distilling", [True, False])
+def test_temporal_term_is_the_flicker_of_the_judged_decode(distilling):
+    """MSE of frame-to-frame changes, decoded vs input (the flicker metric squared, averaged over
+    pairs), on the decode of reference latents when distilling, else on the round trip, whose
+    encoder it then reaches too."""
+    from models.metrics import temporal_error
+
+    reference = tiny_reference("hunyuan")
+    video = torch.rand(1, 9, 3, 32, 32)
+    latents = reference.encode(video) if distilling else None
+    torch.manual_seed(0)
+    student = Student(TAEHV("taehv"))
+    weights = dict(reconstruction_weight=0.0, encoder_weight=0.0, decoder_weight=0.0, temporal_weight=2.0)
+    loss, logged = compute_losses(loss_config(**weights), student, video, latents, None)
+    with torch.no_grad():
+        decoded = student.taehv.decode_video(latents if distilling else student.taehv.encode_video(video))
+    pairs = temporal_error(decoded, video[:, : decoded.shape[1]])
+    assert logged["temporal"].item() == pytest.approx(pairs.pow(2).mean().item(), rel=1e-4)
+    assert loss.item() == pytest.approx(2.0 * logged["temporal"].item(), rel=1e-6)
+    loss.backward()
+    assert student.taehv.decoder[1].weight.grad.abs().sum() > 0
+    encoder_grad = student.taehv.encoder[0].weight.grad
+    assert (encoder_grad is not None and encoder_grad.abs().sum() > 0) == (not distilling)
+
+
+def test_validation_reports_flicker_beside_psnr_and_lower_is_better():
+    """validate() on held-out clips in one process: `flicker` is the mean over clips of
+    models.metrics.flicker of the round trip, 0 for a decoder that gives the input back; it is in
+    the validation line, and as best_metric a higher value is no improvement."""
+    from models.metrics import flicker
+    from training.config import load_config
+    from training.validation import record_validation, validate, validation_line
+
+    config = load_config("test", ["best_metric=flicker"], 1, check_paths=False)  # autoencoder mode, 8 frames
+    torch.manual_seed(0)
+    clips = [{"video": (torch.rand(8, 3, 32, 32) * 255).to(torch.uint8)} for _ in range(2)]
+    run = SimpleNamespace(config=config, validation_dataset=clips, lpips=None, accelerator=SimpleNamespace(
+        process_index=0, num_processes=1, device=torch.device("cpu"), is_main_process=False))
+    model = TAEHV("taehv").eval()
+    metrics = validate(run, model)
+    with torch.no_grad():
+        expected = []
+        for clip in clips:
+            video = clip["video"][None].float() / 255
+            decoded = model(video)
+            expected.append(flicker(decoded, video[:, : decoded.shape[1]]).item())
+    assert metrics["flicker"] == pytest.approx(sum(expected) / 2, rel=1e-5) and metrics["flicker"] > 0
+    assert re.search(r"\| ssim: [\d.]+ \| flicker: [\d.]+ \| by frame:", validation_line(4, metrics))
+
+    class GivesTheInputBack(torch.nn.Module):
+        def forward(self, video):
+            return video[:, :5]  # the round trip's 5 frames, exactly
+
+    assert validate(run, GivesTheInputBack())["flicker"] == 0
+    run.progress = SimpleNamespace(step=4, best_value=0.01, best_step=2, validations_without_improvement=0)
+    assert not record_validation(run, {**metrics, "flicker": 0.02})  # higher flicker: no new best_model/
+    assert (run.progress.best_value, run.progress.validations_without_improvement) == (0.01, 1)
 
 
 @pytest.fixture(scope="module")
@@ -314,13 +385,14 @@ def test_tensorboard_holds_the_training_scalars(clips, tmp_path):
     clip = events.Images("val/sample_clip")[-1]
     assert clip.encoded_image_string[:6] == b"GIF89a" and (clip.width, clip.height) == (96, 32)
     assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3, 4]
-    assert {"val/ssim"} <= tags and "val/sample" in events.Tags()["images"]
+    assert {"val/ssim", "val/flicker"} <= tags and "val/sample" in events.Tags()["images"]
     # 8 frames = 2 latents; the round trip gives 5 frames back, each position scored on its own
     assert {f"val/psnr_frame{t}" for t in range(5)} <= tags and "val/psnr_frame5" not in tags
     log = (tmp_path / "run" / "train.log").read_text()
-    assert re.search(r"Validation at step 4 \| psnr: [\d.]+ dB \| ssim: [\d.]+ \| by frame: ([\d.]+ ){5}dB", log), log
+    assert re.search(r"Validation at step 4 \| psnr: [\d.]+ dB \| ssim: [\d.]+ \| flicker: [\d.]+ \| by frame: ([\d.]+ ){5}dB",
+                     log), log
     history = json.loads((tmp_path / "run" / "validation_history.json").read_text())
-    assert [h["step"] for h in history] == [2, 4] and all(h["psnr"] > 0 and 0 < h["ssim"] <= 1 for h in history)
+    assert [h["step"] for h in history] == [2, 4] and all(h["psnr"] > 0 and 0 < h["ssim"] <= 1 and h["flicker"] > 0 for h in history)
     best = max(history, key=lambda h: h["psnr"])
     info = json.loads((tmp_path / "run" / "best_model" / "model_info.json").read_text())
     assert info["step"] == best["step"] and info["metrics"] == {k: v for k, v in best.items() if k != "step"}

@@ -123,6 +123,8 @@ class TrainConfig:
     decoder_weight: float = option(0.1, "pixel loss of decode(reference latents); 0 skips it")
     perceptual_weight: float = option(0.1, "LPIPS between decoded and input frames; 0 skips it (>0 needs the LPIPS files)")
     seraena_weight: float = option(0.1, "MSE(decoded, Seraena-corrected target); 0 skips it")
+    temporal_weight: float = option(0.0, "pixel loss (pixel_loss) of frame-to-frame changes, decoded vs input: "
+                                    "against flicker (docs/evaluation.md#flicker); 0 skips it")
     pixel_loss: str = option("mse", "pixel loss: mse or l1")
     lpips_weights_path: str = option("", "LPIPS v0.1 heads file (alex.pth); empty = torch hub cache")
     lpips_backbone_path: str = option("", "AlexNet backbone file for LPIPS; empty = torch hub cache")
@@ -135,8 +137,8 @@ class TrainConfig:
     validation_steps: int = option(1000, "steps between validations")
     validation_samples: int = option(20, "held-out clips per validation")
     validation_batch_size: int = option(2, "clips per validation batch")
-    best_metric: str = option("psnr", "validation metric that selects best_model/: psnr, ssim, lpips (lower is better), "
-                              "or decode_psnr/ssim/lpips (decode of reference latents)")
+    best_metric: str = option("psnr", "validation metric that selects best_model/: psnr, ssim, lpips or flicker (these two "
+                              "lower is better), or decode_psnr/ssim/lpips/flicker (decode of reference latents)")
     early_stopping_patience: int = option(5, "validations without improvement before stopping; 0 = never")
     checkpointing_steps: int = option(2000, "steps between resumable checkpoints")
     checkpoints_total_limit: int = option(3, "complete checkpoints kept (older ones removed after a new one is complete)")
@@ -397,6 +399,10 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
     if c.seraena_weight > 0 and decoded_frames < 3:
         raise ConfigError(f"seraena_weight={c.seraena_weight} needs at least 3 decoded frames (one group), "
                           f"n_frames={c.n_frames} gives {decoded_frames}: raise n_frames or set seraena_weight=0")
+    if (c.temporal_weight > 0 or "flicker" in c.best_metric) and decoded_frames < 2:
+        what = f"temporal_weight={c.temporal_weight}" if c.temporal_weight > 0 else f"best_metric={c.best_metric}"
+        raise ConfigError(f"{what} compares consecutive frames, n_frames={c.n_frames} gives {decoded_frames} decoded frame: "
+                          f"raise n_frames, or set temporal_weight=0 and another best_metric")
     multiple = 8 * VARIANTS[c.model_variant].patch_size
     for key in ("height", "width"):
         value = getattr(c, key)
@@ -404,7 +410,8 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
             raise ConfigError(f"{key}={value} must be a positive multiple of {multiple} for {c.model_variant}: use {max(multiple, value // multiple * multiple)}")
     if not 1 <= c.min_frame_delta <= c.max_frame_delta:
         raise ConfigError(f"min_frame_delta={c.min_frame_delta}, max_frame_delta={c.max_frame_delta}: need 1 <= min <= max")
-    metrics = ("psnr", "ssim", "lpips") + (("decode_psnr", "decode_ssim", "decode_lpips") if c.use_ref_vae else ())
+    metrics = ("psnr", "ssim", "lpips", "flicker") + (("decode_psnr", "decode_ssim", "decode_lpips", "decode_flicker")
+                                                     if c.use_ref_vae else ())
     for key in ("short_clip_policy", "pixel_loss", "best_metric", "sample_data"):
         allowed = {"short_clip_policy": ("skip", "loop"), "pixel_loss": ("mse", "l1"), "best_metric": metrics,
                    "sample_data": ("", "real", "synthetic")}[key]
@@ -433,7 +440,8 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
         raise ConfigError(f"compile_backend={c.compile_backend!r}: choose one of {', '.join(COMPILE_BACKENDS)}")
     if c.seraena_buffer_gb <= 0:
         raise ConfigError(f"seraena_buffer_gb={c.seraena_buffer_gb} must be positive (host memory per rank for the replay buffer)")
-    for key in ("reconstruction_weight", "encoder_weight", "decoder_weight", "perceptual_weight", "seraena_weight", "learning_rate"):
+    for key in ("reconstruction_weight", "encoder_weight", "decoder_weight", "perceptual_weight", "seraena_weight", "temporal_weight",
+                "learning_rate"):
         if getattr(c, key) < 0:
             raise ConfigError(f"{key}={getattr(c, key)} must not be negative")
     if not c.use_ref_vae and (c.encoder_weight > 0 or c.decoder_weight > 0):

@@ -7,8 +7,12 @@ Loss terms (a weight of 0 skips the computation, not only the sum):
 - reconstruction: pixel loss(student decode(student encode(video)), aligned input frames)
 - perceptual:     LPIPS(decoded frames, aligned input frames) (models/metrics.py)
 - seraena:        MSE(decoded frames, Seraena-corrected targets), frames grouped in threes
-The perceptual and Seraena terms look at the decode of reference latents when distilling (what a
-diffusion model hands the decoder), else at the round trip.
+- temporal:       pixel loss(decoded[t+1] - decoded[t], input[t+1] - input[t]): the frame-to-frame
+                  changes of the decode against those of the input, the training form of the
+                  flicker metric (models/metrics.py: its RMSE; here MSE or L1 as pixel_loss says)
+The perceptual, Seraena and temporal terms look at one decode, "the judged decode": the decode of
+reference latents when distilling (what a diffusion model hands the decoder, so what flickers in
+use), else the round trip.
 Decoded frame j shows input frame j (models/reference_vae.py), so "aligned" is the first frames.
 """
 
@@ -53,6 +57,11 @@ def pixel_loss(kind: str, prediction: torch.Tensor, target: torch.Tensor) -> tor
 
 def aligned(video: torch.Tensor, decoded: torch.Tensor) -> torch.Tensor:
     return video[:, : decoded.shape[1]]
+
+
+def frame_changes(video: torch.Tensor) -> torch.Tensor:
+    """N,T-1,C,H,W: frame t+1 minus frame t."""
+    return video[:, 1:] - video[:, :-1]
 
 
 def all_reduce_mean(tensors: list[torch.Tensor]) -> None:
@@ -133,7 +142,7 @@ def forward_losses(config, student, video: torch.Tensor, reference_latents: torc
     here (training/agreement.py): Seraena's term, whose discriminator update all-reduces, is
     added by add_seraena_term once every rank agreed the step is good."""
     distill = reference_latents is not None
-    judged = config.seraena_weight > 0 or config.perceptual_weight > 0  # terms that look at "the" decode
+    judged = config.seraena_weight > 0 or config.perceptual_weight > 0 or config.temporal_weight > 0  # terms on "the" decode
     outputs = student(
         video, reference_latents,
         want_latents=distill and config.encoder_weight > 0,
@@ -158,6 +167,10 @@ def forward_losses(config, student, video: torch.Tensor, reference_latents: torc
         with torch.autocast(decoded.device.type, torch.bfloat16, enabled=config.lpips_bf16 and config.mixed_precision == "bf16"):
             perceptual = lpips(decoded, aligned(video, decoded)).mean()
         terms["perceptual"] = (config.perceptual_weight, perceptual.float())
+    if config.temporal_weight > 0:
+        decoded = judged_decode.float()
+        terms["temporal"] = (config.temporal_weight, pixel_loss(config.pixel_loss, frame_changes(decoded),
+                                                                frame_changes(aligned(video, decoded).float())))
     seraena_inputs = None
     if config.seraena_weight > 0:
         seraena_inputs = (video, judged_decode.float(), reference_latents if distill else outputs["latents"])

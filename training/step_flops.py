@@ -29,7 +29,7 @@ def step_flops(config) -> dict[str, float]:
     """{part: FLOPs of one micro-step on one rank} for the parts above, and "total"."""
     batch, frames, height, width = config.batch_size_per_gpu, config.n_frames, config.height, config.width
     distill = config.use_ref_vae
-    judged = config.seraena_weight > 0 or config.perceptual_weight > 0
+    judged = config.seraena_weight > 0 or config.perceptual_weight > 0 or config.temporal_weight > 0
     want_latents = distill and config.encoder_weight > 0
     want_roundtrip = config.reconstruction_weight > 0 or (not distill and judged)
     want_reference_decode = distill and (config.decoder_weight > 0 or judged)

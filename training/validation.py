@@ -16,6 +16,8 @@ from training.distill import aligned
 if TYPE_CHECKING:
     from training.taehv_train import TrainingRun
 
+LOWER_IS_BETTER = ("lpips", "flicker")  # best_metric values (and their decode_ forms) where smaller wins
+
 
 def evaluation_model(run: TrainingRun) -> TAEHV:
     """A plain fp32 TAEHV holding the weights that are validated and exported."""
@@ -32,15 +34,17 @@ def reference_latents_for(run: TrainingRun, item: dict, video: torch.Tensor) -> 
 
 
 def validate(run: TrainingRun, evaluated: TAEHV) -> dict:
-    """PSNR, SSIM and LPIPS (when its weights are on this machine) of the round trip over the
-    held-out clips, and of the student's decode of reference latents when distilling; clips are
-    split across ranks and the sums reduced. Rank 0 sends its first clip, side by side, to TensorBoard."""
-    from models.metrics import psnr, ssim
+    """PSNR, SSIM, LPIPS (when its weights are on this machine) and flicker (when two or more
+    frames are decoded) of the round trip over the held-out clips, and of the student's decode of
+    reference latents when distilling; clips are split across ranks and the sums reduced. Rank 0
+    sends its first clip, side by side, to TensorBoard."""
+    from models.metrics import flicker, psnr, ssim
 
     accelerator, dataset = run.accelerator, run.validation_dataset
     count = min(run.config.validation_samples, len(dataset))
-    names = [f"{prefix}{metric}" for prefix in ("", "decode_")[: 2 if run.config.use_ref_vae else 1]
-             for metric in ("psnr", "ssim") + (("lpips",) if run.lpips is not None else ())]
+    temporal = decoded_frame_count(run.config) >= 2  # flicker compares consecutive frames
+    metrics = ("psnr", "ssim") + (("lpips",) if run.lpips is not None else ()) + (("flicker",) if temporal else ())
+    names = [f"{prefix}{metric}" for prefix in ("", "decode_")[: 2 if run.config.use_ref_vae else 1] for metric in metrics]
     # PSNR of the round trip by frame position: an untrained temporal slot shows as one low position
     names += [f"psnr_frame{t}" for t in range(decoded_frame_count(run.config))]
     totals = torch.zeros(len(names) + 1, device=accelerator.device)  # metric sums, number of clips
@@ -57,6 +61,8 @@ def validate(run: TrainingRun, evaluated: TAEHV) -> dict:
                 values[prefix + "psnr"], values[prefix + "ssim"] = psnr(frames, target), ssim(frames, target)
                 if run.lpips is not None:
                     values[prefix + "lpips"] = run.lpips(frames, target)
+                if temporal:
+                    values[prefix + "flicker"] = flicker(frames, target)
             frames, target = decoded[""], aligned(video, decoded[""])
             for t in range(frames.shape[1]):
                 values[f"psnr_frame{t}"] = psnr(frames[:, t], target[:, t])
@@ -140,7 +146,7 @@ def record_validation(run: TrainingRun, metrics: dict) -> bool:
         temporary.write_text(json.dumps(history, indent=2) + "\n")
         temporary.replace(path)
     value = metrics.get(config.best_metric)
-    lower_is_better = "lpips" in config.best_metric
+    lower_is_better = config.best_metric.removeprefix("decode_") in LOWER_IS_BETTER
     improved = value is not None and (progress.best_value is None or
                                       (value < progress.best_value if lower_is_better else value > progress.best_value))
     if improved:
