@@ -382,7 +382,8 @@ def test_tensorboard_holds_the_training_scalars(clips, tmp_path):
     accuracy = [e.value for e in events.Scalars("train/seraena_discriminator_accuracy")]
     assert all(0 <= a <= 1 for a in accuracy) and len(accuracy) == 4
     # every validation frame, animated: a GIF of input | reconstruction | error (5 frames of 32x96)
-    clip = events.Images("val/sample_clip")[-1]
+    assert {"val/sample_clip0", "val/sample_clip1"} <= set(events.Tags()["images"])
+    clip = events.Images("val/sample_clip0")[-1]
     assert clip.encoded_image_string[:6] == b"GIF89a" and (clip.width, clip.height) == (96, 32)
     assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3, 4]
     assert {"val/ssim", "val/flicker"} <= tags and "val/sample" in events.Tags()["images"]

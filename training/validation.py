@@ -67,8 +67,8 @@ def validate(run: TrainingRun, evaluated: TAEHV) -> dict:
             for t in range(frames.shape[1]):
                 values[f"psnr_frame{t}"] = psnr(frames[:, t], target[:, t])
             totals += torch.cat([torch.stack([values[n].sum() for n in names]), totals.new_ones(1)])
-            if index == 0:
-                log_sample_image(run, video, decoded[""])
+            if index < SAMPLE_CLIPS * accelerator.num_processes:  # rank 0's first clips go to TensorBoard
+                log_sample_image(run, video, decoded[""], index // accelerator.num_processes)
     totals = accelerator.reduce(totals, reduction="sum") if accelerator.num_processes > 1 else totals
     return {name: (totals[i] / totals[-1]).item() for i, name in enumerate(names)}
 
@@ -102,19 +102,24 @@ def validation_line(step: int, metrics: dict) -> str:
     return f"Validation at step {step} | " + " | ".join(parts)
 
 
-def log_sample_image(run: TrainingRun, video: torch.Tensor, decoded: torch.Tensor) -> None:
-    """Middle frame: input | reconstruction, as one image under val/sample; and every frame as
-    an animated GIF under val/sample_clip: input | reconstruction | error x4, so motion and
-    flicker show, not only one frame."""
+SAMPLE_CLIPS = 2  # held-out clips shown in TensorBoard at each validation
+
+
+def log_sample_image(run: TrainingRun, video: torch.Tensor, decoded: torch.Tensor, number: int) -> None:
+    """Every frame of sample clip `number` as an animated GIF under val/sample_clip<number>:
+    input | reconstruction | error x4, so motion and flicker show; and for the first clip its
+    middle frame (input | reconstruction) under val/sample."""
     if not run.accelerator.is_main_process:
         return
     tracker = run.accelerator.get_tracker("tensorboard", unwrap=True)
-    t = decoded.shape[1] // 2
-    image = torch.cat([video[0, t], decoded[0, t]], dim=-1).clamp(0, 1).float().cpu()
-    tracker.add_image("val/sample", image, global_step=run.progress.step)
+    if number == 0:
+        t = decoded.shape[1] // 2
+        image = torch.cat([video[0, t], decoded[0, t]], dim=-1).clamp(0, 1).float().cpu()
+        tracker.add_image("val/sample", image, global_step=run.progress.step)
     target = aligned(video, decoded)[0].float()
     strip = torch.cat([target, decoded[0].float(), ((decoded[0].float() - target).abs() * 4)], dim=-1)
-    tracker.file_writer.add_summary(animated_image_summary("val/sample_clip", strip.clamp(0, 1).cpu()), run.progress.step)
+    summary = animated_image_summary(f"val/sample_clip{number}", strip.clamp(0, 1).cpu())
+    tracker.file_writer.add_summary(summary, run.progress.step)
 
 
 def animated_image_summary(tag: str, frames: torch.Tensor, frame_ms: int = 125):
