@@ -166,7 +166,9 @@ def test_zero_weights_skip_their_computation_and_others_reach_the_student(monkey
     counter = CallCounter(monkeypatch)
     loss, logged = compute_losses(loss_config(**weights), student, video, latents, seraena, lpips)
     assert counter.calls == expected_calls
-    assert set(logged) - {"loss", "psnr"} == terms
+    # the loss terms (Seraena's game statistics, seraena_*, are logged beside its term)
+    assert {k for k in logged if not k.startswith("seraena_")} - {"loss", "psnr"} == terms
+    assert bool({k for k in logged if k.startswith("seraena_")}) == ("seraena" in terms)
     assert counter.frame_changes == (2 if "temporal" in terms else 0)  # decoded and input: weight 0 computes nothing
     loss.backward()
     encoder_grad = student.taehv.encoder[0].weight.grad
@@ -382,7 +384,7 @@ def test_tensorboard_holds_the_training_scalars(clips, tmp_path):
     accuracy = [e.value for e in events.Scalars("train/seraena_discriminator_accuracy")]
     assert all(0 <= a <= 1 for a in accuracy) and len(accuracy) == 4
     # every validation frame, animated: a GIF of input | reconstruction | error (5 frames of 32x96)
-    assert {"val/sample_clip0", "val/sample_clip1"} <= set(events.Tags()["images"])
+    assert "val/sample_clip0" in events.Tags()["images"]  # one held-out clip here: one GIF
     clip = events.Images("val/sample_clip0")[-1]
     assert clip.encoded_image_string[:6] == b"GIF89a" and (clip.width, clip.height) == (96, 32)
     assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3, 4]
