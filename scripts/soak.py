@@ -2,7 +2,7 @@
 kill it again and again the way clusters do, restart with --resume auto, and check the outcome.
 
     python -m scripts.soak --minutes 10 --json soak.json      # the documented run (docs/reliability.md)
-    python -m scripts.soak --minutes 1.5 --json soak.json     # the CI form (tests/test_soak.py)
+    python -m scripts.soak --faults 4 --json soak.json        # the CI form (tests/test_soak.py): one of each kind
 
 Faults, in a seeded random order after one of each kind in the order below:
 - checkpoint_write: SIGKILL the whole process tree while a checkpoint is being written, when its
@@ -11,7 +11,7 @@ Faults, in a seeded random order after one of each kind in the order below:
 - sigterm: SIGTERM to the launcher (preemption); the run checkpoints and exits 0;
 - sigkill_agent: SIGKILL torchrun's agent; its ranks must die with it, not train on as orphans.
 A cycle is one run folder trained to max_steps through faults; cycles repeat until --minutes
-have passed, and the last one always finishes. Every cycle is checked against one uninterrupted
+have passed (or --faults were injected), and the last one always finishes. Every cycle is checked against one uninterrupted
 run of the same config:
 - half_written_checkpoints_selected: a resume picked a checkpoint whose files are not the full set;
 - steps_lost: a restart resumed from before the newest complete checkpoint at the time of the fault;
@@ -203,7 +203,7 @@ def weights_equal(a: Path, b: Path) -> bool:
 
 
 def run_cycle(work: Path, number: int, clips: Path, max_steps: int, reference: dict, rng: random.Random,
-              kinds: list[str], deadline: float, report: dict) -> None:
+              kinds: list[str], injecting, report: dict) -> None:
     run_dir = work / f"cycle-{number}"
     pending_fault = None
     for attempt in range(200):
@@ -222,7 +222,7 @@ def run_cycle(work: Path, number: int, clips: Path, max_steps: int, reference: d
             report["faults_survived"] += int(bool(trained_on))
             pending_fault = None
         fault = None
-        if time.monotonic() < deadline:
+        if injecting():
             kind = kinds.pop(0) if kinds else rng.choice(KINDS)
             fault = inject(process, run_dir, kind, rng, reference["expected_files"], log_offset)
         if fault is None:
@@ -242,7 +242,7 @@ def run_cycle(work: Path, number: int, clips: Path, max_steps: int, reference: d
     report["final_weights_equal"].append(weights_equal(run_dir / "final" / "taehv.pth", reference["dir"] / "final" / "taehv.pth"))
 
 
-def soak(minutes: float, seed: int, max_steps: int, work: Path) -> dict:
+def soak(minutes: float, seed: int, max_steps: int, work: Path, max_faults: int | None = None) -> dict:
     from scripts.make_sample_videos import make_sample_videos
 
     started = time.monotonic()
@@ -256,8 +256,12 @@ def soak(minutes: float, seed: int, max_steps: int, work: Path) -> dict:
     rng = random.Random(seed)
     kinds = list(KINDS)
     deadline = time.monotonic() + minutes * 60  # faults are injected for `minutes` after the uninterrupted run
-    while time.monotonic() < deadline or report["cycles"] == 0:
-        run_cycle(work, report["cycles"], clips, max_steps, reference, rng, kinds, deadline, report)
+
+    def injecting() -> bool:
+        return time.monotonic() < deadline and (max_faults is None or report["faults_injected"] < max_faults)
+
+    while injecting() or report["cycles"] == 0:
+        run_cycle(work, report["cycles"], clips, max_steps, reference, rng, kinds, injecting, report)
         report["cycles"] += 1
     report["wall_s"] = round(time.monotonic() - started, 1)
     report["ok"] = (report["faults_survived"] == report["faults_injected"] and report["steps_lost"] == 0
@@ -270,6 +274,7 @@ def soak(minutes: float, seed: int, max_steps: int, work: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scripts.soak", description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=10.0, help="time during which faults are injected")
+    parser.add_argument("--faults", type=int, help="stop injecting after this many faults (the first four: one of each kind)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-steps", type=int, default=40, help="steps of each cycle's run")
     parser.add_argument("--work-dir", type=Path, help="keep the runs here (default: a temporary folder)")
@@ -277,10 +282,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.work_dir:
         args.work_dir.mkdir(parents=True, exist_ok=True)
-        report = soak(args.minutes, args.seed, args.max_steps, args.work_dir)
+        report = soak(args.minutes, args.seed, args.max_steps, args.work_dir, args.faults)
     else:
         with tempfile.TemporaryDirectory() as work:
-            report = soak(args.minutes, args.seed, args.max_steps, Path(work))
+            report = soak(args.minutes, args.seed, args.max_steps, Path(work), args.faults)
     emit_result(report, args.json)
     return 0 if report["ok"] else 1
 
