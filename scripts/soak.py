@@ -10,6 +10,9 @@ Faults, in a seeded random order after one of each kind in the order below:
 - sigkill_rank: SIGKILL one training process (a crashed rank); torchrun tears down the rest;
 - sigterm: SIGTERM to the launcher (preemption); the run checkpoints and exits 0;
 - sigkill_agent: SIGKILL torchrun's agent; its ranks must die with it, not train on as orphans.
+Every run, the uninterrupted one included, has Seraena on and a NaN loss at micro-steps 2 and 11
+(skipped batches), so an exact resume must restore each rank's replay buffer and random state and
+count the data position in batches.
 A cycle is one run folder trained to max_steps through faults; cycles repeat until --minutes
 have passed (or --faults were injected), and the last one always finishes. Every cycle is checked against one uninterrupted
 run of the same config:
@@ -45,14 +48,19 @@ STEP_LINE = re.compile(r"Step (\d+)/\d+ \| Loss: ([\d.]+)")
 RESUMED_LINE = re.compile(r"resumed from (\S+) at step (\d+)")
 KINDS = ("checkpoint_write", "sigkill_agent", "sigterm", "sigkill_rank")
 WRITE_MOMENTS = ("created", "first file", "half")
+NONFINITE_MICRO_STEPS = "2,11"
 
 
 def start_run(run_dir: Path, clips: Path, max_steps: int, resume: bool, output: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHON": sys.executable, "MASTER_PORT": str(free_port())}
+    # every run, the uninterrupted one too, skips the same two batches (NaN loss): a resume must find
+    # the data position by batches, not steps
+    env = {**os.environ, "PYTHON": sys.executable, "MASTER_PORT": str(free_port()),
+           "TAEHV_FAULT_NONFINITE_MICRO_STEPS": NONFINITE_MICRO_STEPS}
     command = [str(REPO_ROOT / "train_taehv_h100.sh"), "2", "test", "--output-dir", str(run_dir), "--max-steps", str(max_steps)]
     command += ["--resume", "auto"] if resume else []
+    # Seraena on: each rank's replay buffer and random state must come back with the checkpoint
     for item in (f"data_root={clips}", "checkpointing_steps=3", "checkpoints_total_limit=2", f"validation_steps={max_steps}",
-                 "log_every=1"):
+                 "log_every=1", "seraena_weight=0.1"):
         command += ["--set", item]
     with open(output, "w") as log:  # the launcher's own output, kept for diagnosis
         return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

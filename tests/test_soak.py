@@ -1,13 +1,17 @@
 """The soak's CI form: the real launcher on 2 CPU processes, killed during checkpoint writes,
 losing its torchrun agent, preempted with SIGTERM, restarted with --resume auto each time, must end with
-the weights of an uninterrupted run. (It replaces separate SIGTERM and SIGKILL-during-save tests:
-the soak does both, with 2 processes, and checks more.)"""
+the weights of an uninterrupted run. Seraena is on and two batches have a NaN loss in every run, so
+this is also the exact-resume test: each rank's replay buffer and random state come back, and the
+data position follows batches, not steps. (It replaces separate SIGTERM, SIGKILL-during-save and
+exact-resume tests: the soak does all three, with 2 processes, and checks more.)"""
 
 import json
+import re
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from conftest import REPO_ROOT
 
@@ -29,3 +33,12 @@ def test_soak_survives_every_fault_without_losing_a_step(tmp_path):
     assert report["final_weights_equal"] and all(report["final_weights_equal"])
     for fault in report["faults"]:  # preemption is a clean exit; kills are not
         assert (fault["exit_code"] == 0) == (fault["kind"] == "sigterm"), fault
+    # the NaN batches were skipped, and every resume restored each rank's own Seraena state
+    work = tmp_path / "work"
+    assert "non-finite loss on ranks 0, 1 at micro-step 11 (step 10): skipped on all ranks" in (work / "uninterrupted" / "train.log").read_text()
+    restarts = [path.read_text() for path in work.glob("cycle-*-attempt-*.out") if not path.name.endswith("-attempt-0.out")]
+    resumes = [line for text in restarts for line in text.splitlines() if re.search(r"resumed from \S+ at step [1-9]", line)]
+    assert resumes and all(line.endswith("Seraena replay buffer and random state per rank") for line in resumes), resumes
+    newest = max((work / "uninterrupted" / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    ranks = [torch.load(newest / f"seraena_rank{r}.pt", weights_only=False) for r in (0, 1)]
+    assert ranks[0]["rng"] != ranks[1]["rng"] and len(ranks[1]["buffer"]["fakes"]) > 0
