@@ -113,3 +113,25 @@ overrides = dict(
     exported = torch.load(run_dir / "final" / "taehv.pth", weights_only=True)  # the last stage's export
     public = torch.load(public_weights, weights_only=True)
     assert all(torch.equal(exported[k], public[k]) for k in public if k.startswith("encoder."))
+
+
+@pytest.mark.parametrize("schedule", ["constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts",
+                                      "polynomial"])
+def test_optimizer_takes_the_configured_betas_and_each_schedule_has_diffusers_shape(schedule):
+    """Configs written for the original scripts name diffusers' schedules: same name, same curve."""
+    from diffusers.optimization import get_scheduler
+
+    config = load_config("test", [f"lr_scheduler={schedule}", "warmup_steps=3", "max_steps=10", "adam_beta2=0.97",
+                                  "learning_rate=0.002"])
+    optimizer, ours = build_optimizer(config, build_model(config))
+    assert optimizer.param_groups[0]["betas"] == (config.adam_beta1, 0.97)
+    theirs_optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=0.002)
+    theirs = get_scheduler(schedule, theirs_optimizer, num_warmup_steps=3, num_training_steps=10)
+    for _ in range(12):
+        assert ours.get_last_lr()[0] == pytest.approx(theirs.get_last_lr()[0], rel=1e-9, abs=1e-15)
+        optimizer.step(), ours.step(), theirs_optimizer.step(), theirs.step()
+
+
+def test_an_unknown_schedule_is_refused_with_the_names():
+    with pytest.raises(ConfigError, match="lr_scheduler='cosine_annealing': choose one of constant, constant_with_warmup"):
+        load_config("test", ["lr_scheduler=cosine_annealing"])

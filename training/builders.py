@@ -12,6 +12,7 @@ import torch
 from models.taehv import TAEHV
 from training.config import TrainConfig
 from training.distill import SeraenaState, Student
+from training.lr_schedule import build_lr_scheduler
 
 
 def build_accelerator(config: TrainConfig, run_dir: Path):
@@ -204,13 +205,10 @@ def build_train_loader(config: TrainConfig, dataset, rank: int, world_size: int)
 
 
 def build_optimizer(config: TrainConfig, model):
-    from diffusers.optimization import get_scheduler
-
     optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=config.learning_rate,  # frozen parts: no state betas=(config.adam_beta1, config.adam_beta2),
-        weight_decay=config.weight_decay, fused=torch.cuda.is_available(),  # one kernel per step on GPU
+        [p for p in model.parameters() if p.requires_grad],  # frozen parts: no optimizer state
+        lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2), weight_decay=config.weight_decay,
+        fused=torch.cuda.is_available(),  # one kernel per step on GPU
     )
-    scheduler = get_scheduler(config.lr_scheduler, optimizer, num_warmup_steps=config.warmup_steps,
-                              num_training_steps=config.max_steps)
-    return optimizer, scheduler
+    return optimizer, build_lr_scheduler(optimizer, config.lr_scheduler, config.warmup_steps, config.max_steps)
 

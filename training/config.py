@@ -26,6 +26,7 @@ from typing import Any
 from models.reference_vae import FAMILIES, FRAME_RULES, LATENT_SPACES, resolve_latent_space
 from models.reference_vae import valid_frame_counts as reference_frame_counts
 from models.taehv import VARIANTS
+from training.lr_schedule import SCHEDULES
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROFILE_DIR = Path(__file__).resolve().parent / "configs"
@@ -111,7 +112,7 @@ class TrainConfig:
     gradient_accumulation_steps: int = option(2, "micro-steps per optimizer step")
     global_batch_size: int = option(128, "clips per optimizer step; must equal per-GPU x processes x accumulation (0 = derive it)")
     learning_rate: float = option(1e-4, "peak AdamW learning rate of the student")
-    lr_scheduler: str = option("cosine", "diffusers schedule name: cosine, linear, constant_with_warmup, ...")
+    lr_scheduler: str = option("cosine", "schedule, with diffusers' names and shapes: " + ", ".join(SCHEDULES))
     warmup_steps: int = option(2000, "linear warm-up steps")
     adam_beta1: float = option(0.9, "AdamW beta1")
     adam_beta2: float = option(0.95, "AdamW beta2")
@@ -412,9 +413,9 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
         raise ConfigError(f"min_frame_delta={c.min_frame_delta}, max_frame_delta={c.max_frame_delta}: need 1 <= min <= max")
     metrics = ("psnr", "ssim", "lpips", "flicker") + (("decode_psnr", "decode_ssim", "decode_lpips", "decode_flicker")
                                                      if c.use_ref_vae else ())
-    for key in ("short_clip_policy", "pixel_loss", "best_metric", "sample_data"):
+    for key in ("short_clip_policy", "pixel_loss", "best_metric", "sample_data", "lr_scheduler"):
         allowed = {"short_clip_policy": ("skip", "loop"), "pixel_loss": ("mse", "l1"), "best_metric": metrics,
-                   "sample_data": ("", "real", "synthetic")}[key]
+                   "sample_data": ("", "real", "synthetic"), "lr_scheduler": SCHEDULES}[key]
         if getattr(c, key) not in allowed:
             raise ConfigError(f"{key}={getattr(c, key)!r}: choose one of {', '.join(allowed)}")
     for key in ("max_steps", "step_timeout_s", "batch_size_per_gpu", "gradient_accumulation_steps", "log_every", "validation_steps",
