@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from models.metrics import LPIPSUnavailable, load_lpips, psnr, ssim, temporal_error
-from models.reference_vae import FAMILIES
+from models.reference_families import FAMILIES
 from models.taehv import TAEHV
 from training.dataset import ClipError, probe_video, read_clip, read_index, resize_and_crop
 
@@ -386,7 +386,7 @@ def check_args(args) -> str | None:
     if args.ref_vae and not args.ref_vae_path:
         return "--ref-vae needs --ref-vae-path (a local diffusers folder or a hub id)"
     if args.ref_vae:
-        from models.reference_vae import is_valid_frame_count, valid_frame_counts
+        from models.reference_families import is_valid_frame_count, valid_frame_counts
 
         if not is_valid_frame_count(args.ref_vae, args.frames):
             return f"--frames {args.frames} does not suit the {args.ref_vae} VAE: use one of {valid_frame_counts(args.ref_vae, 50)}"

@@ -94,9 +94,10 @@ SET_ARGS=(); for item in "${SETS[@]+"${SETS[@]}"}"; do SET_ARGS+=(--set "$item")
 
 # ---------------------------------------------------------------- resolve and validate (no training yet)
 # A dry run checks the inputs (weights, reference VAE, data, LPIPS) after the plan and lists them all.
-PATH_CHECK=(); (( DRY_RUN )) && PATH_CHECK=(--no-check-paths)
+SHELL_ARGS=(); (( DRY_RUN )) && SHELL_ARGS=(--no-check-paths)
+(( CPU_PROFILE )) && SHELL_ARGS+=(--cpu-profile)  # no torch import in this step
 RESOLVED="$("$PYTHON" -m training.config "$CONFIG" --num-processes "$TOTAL_PROCESSES" \
-  "${SET_ARGS[@]+"${SET_ARGS[@]}"}" "${PATH_CHECK[@]+"${PATH_CHECK[@]}"}" --shell)" || exit 2
+  "${SET_ARGS[@]+"${SET_ARGS[@]}"}" "${SHELL_ARGS[@]+"${SHELL_ARGS[@]}"}" --shell)" || exit 2
 eval "$RESOLVED"
 # a custom config on a CPU accelerate file (base_profile "cpu" or "test") runs as a CPU profile
 [[ "$(basename "$ACCELERATE_CONFIG_FILE")" == *_cpu.yaml ]] && CPU_PROFILE=1

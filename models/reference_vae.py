@@ -37,41 +37,9 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-FAMILIES = ("cogvideox", "hunyuan", "hunyuan1_5", "wan", "ltx", "ltx2", "minimax_h3")
-# valid frame counts: n % modulus == remainder (and n >= remainder + modulus for at least two latents),
-# measured on each class: Hunyuan 1.5 and Wan (2.1, 2.2) 4k+1, LTX and LTX-2 8k+1, MiniMax H3 17n+5 -> 5n+2
-FRAME_RULES = {"cogvideox": (8, 1), "hunyuan": (4, 1), "hunyuan1_5": (4, 1), "wan": (4, 1), "ltx": (8, 1), "ltx2": (8, 1),
-               "minimax_h3": (17, 5)}
-# MiniMax H3's VAE takes and returns ImageNet-normalised pixels; the others [-1, 1]
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-
-
-def is_valid_frame_count(family: str, n_frames: int) -> bool:
-    modulus, remainder = FRAME_RULES[family]
-    return n_frames > modulus and n_frames % modulus == remainder
-
-
-def valid_frame_counts(family: str, limit: int = 64) -> list[int]:
-    return [n for n in range(1, limit) if is_valid_frame_count(family, n)]
-
-
-LATENT_SPACES = ("raw", "scaled", "normalized")
-# evidence for cogvideox and wan; the others: the space their diffusion pipeline works in (module docstring)
-DEFAULT_LATENT_SPACE = {"cogvideox": "raw", "hunyuan": "scaled", "hunyuan1_5": "scaled", "wan": "normalized",
-                        "ltx": "normalized", "ltx2": "normalized", "minimax_h3": "normalized"}
-# the spaces a family's VAE can express (CogVideoX and Hunyuan have no latents_mean/std, Wan and MiniMax H3 no scaling_factor)
-SUPPORTED_LATENT_SPACES = {"cogvideox": ("raw", "scaled"), "hunyuan": ("raw", "scaled"), "hunyuan1_5": ("raw", "scaled"),
-                           "wan": ("raw", "normalized"), "ltx": ("raw", "normalized"), "ltx2": ("raw", "normalized"),
-                           "minimax_h3": ("raw", "normalized")}
-
-
-def resolve_latent_space(family: str, choice: str = "auto") -> str:
-    """`auto` -> the family's default; an explicit space is checked against what the family supports."""
-    space = DEFAULT_LATENT_SPACE[family] if choice == "auto" else choice
-    if space not in SUPPORTED_LATENT_SPACES[family]:
-        raise ValueError(f"ref_vae_latent_space={choice!r} is not available for the {family} VAE: choose auto or one of "
-                         f"{', '.join(SUPPORTED_LATENT_SPACES[family])}")
-    return space
+# plain data, importable without torch (the launcher's config check reads them there)
+from models.reference_families import (FAMILIES, IMAGENET_MEAN, IMAGENET_STD, is_valid_frame_count, resolve_latent_space,
+                                       valid_frame_counts)
 
 
 def latent_space_transform(vae: nn.Module, space: str) -> tuple[torch.Tensor, torch.Tensor]:

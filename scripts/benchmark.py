@@ -54,7 +54,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from models.reference_vae import FAMILIES  # noqa: E402
+from models.reference_families import FAMILIES  # noqa: E402
 from models.taehv import TAEHV  # noqa: E402
 from scripts.results import emit_result  # noqa: E402
 
@@ -120,7 +120,7 @@ def phase_times(args, device: torch.device) -> dict:
     video = torch.rand(args.batch, args.frames, 3, args.height, args.width, device=device)
     reference_video = None
     if reference is not None:  # the reference needs its own frame rule; the nearest valid count at or above
-        from models.reference_vae import valid_frame_counts
+        from models.reference_families import valid_frame_counts
 
         frames = min(n for n in valid_frame_counts(args.ref_vae, 200) if n >= args.frames)
         reference_video = torch.rand(args.batch, frames, 3, args.height, args.width, device=device)
@@ -186,7 +186,8 @@ def distillation_step_times(args, device: torch.device, data_root: Path) -> dict
     import random
     from types import SimpleNamespace
 
-    from models.reference_vae import ReferenceVAE, valid_frame_counts
+    from models.reference_families import valid_frame_counts
+    from models.reference_vae import ReferenceVAE
     from training.distill import Student, compute_losses
     from training.latent_cache import CachedClipDataset
 

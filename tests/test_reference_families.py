@@ -4,8 +4,8 @@ pixel convention, latent space, and the student variant that fits its latents.""
 import pytest
 import torch
 
-from models.reference_vae import (FRAME_RULES, IMAGENET_MEAN, IMAGENET_STD, ReferenceVAE, student_fit_problem,
-                                  tiny_reference_vae, valid_frame_counts)
+from models.reference_families import FRAME_RULES, IMAGENET_MEAN, IMAGENET_STD, valid_frame_counts
+from models.reference_vae import ReferenceVAE, student_fit_problem, tiny_reference_vae
 from models.taehv import TAEHV
 
 # family (wan layout), paired student, clip frames, side (a multiple of the spatial factor, two latents across)

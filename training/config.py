@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from models.reference_vae import FAMILIES, FRAME_RULES, LATENT_SPACES, resolve_latent_space
-from models.reference_vae import valid_frame_counts as reference_frame_counts
-from models.taehv import VARIANTS
+from models.reference_families import FAMILIES, FRAME_RULES, LATENT_SPACES, resolve_latent_space
+from models.reference_families import valid_frame_counts as reference_frame_counts
+from models.variants import VARIANTS
 from training.lr_schedule import SCHEDULES
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -53,7 +53,7 @@ class TrainConfig:
     supported_num_gpus: tuple = option((8,), "process counts this profile is written for (launcher checks NGPU); () = any")
     accelerate_config: str = option("deepspeed_8gpu.yaml", "file in accelerate_configs/: topology and ZeRO stage")
     # --- model ---------------------------------------------------------------------------------
-    model_variant: str = option("taecvx", "TAEHV variant of the student (models/taehv.py VARIANTS)")
+    model_variant: str = option("taecvx", "TAEHV variant of the student (models/variants.py VARIANTS)")
     pretrained_model_path: str = option("checkpoints/taecvx.pth", "public-format weights to start from; empty = from scratch")
     gradient_checkpointing: bool = option(False, "recompute activations in backward: less memory, same values")
     ema_decay: float = option(0.999, "decay of the averaged weights that are validated and exported; 0 = off")
@@ -644,6 +644,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--no-check-paths", action="store_true", help="skip the existence checks of paths")
     parser.add_argument("--shell", action="store_true", help="print KEY=value lines for the launchers")
+    parser.add_argument("--cpu-profile", action="store_true",
+                        help="with --shell: a CPU run, so VISIBLE_GPUS=0 without importing torch (~2 s of every launch)")
     parser.add_argument("--list-input-problems", action="store_true",
                         help="print every missing or unreadable input with its fix (exit 1 if any) instead of the config")
     parser.add_argument("--quiet", action="store_true", help="do not repeat the notes on an old-style config file")
@@ -705,7 +707,7 @@ def main(argv: list[str] | None = None) -> int:
             "CONFIG_DATA_ROOT": config.data_root,
             "CONFIG_PRETRAINED": config.pretrained_model_path,
             "CONFIG_REF_VAE": config.ref_vae_path if config.use_ref_vae else "(autoencoder mode)",
-            "VISIBLE_GPUS": visible_gpu_count(),
+            "VISIBLE_GPUS": 0 if args.cpu_profile or config.accelerate_config.endswith("_cpu.yaml") else visible_gpu_count(),
             "CONFIG_STAGES": " ".join(f"{name}:{dict(entry)['steps']}" for name, entry in zip(stage_names(config.stages), config.stages)),
         }
         for key, value in shell_values.items():

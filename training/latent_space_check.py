@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from models.reference_vae import SUPPORTED_LATENT_SPACES, latent_space_transform
+from models.reference_families import SUPPORTED_LATENT_SPACES
+from models.reference_vae import latent_space_transform
 
 RATIO, MARGIN = 1.5, 0.05
 

@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from models.reference_vae import FRAME_RULES
+from models.reference_families import FRAME_RULES
 from training.config import (
     ACCELERATE_CONFIG_DIR,
     FIELD_TYPES,

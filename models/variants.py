@@ -1,0 +1,175 @@
+"""TAEHV variants as plain data (no torch import): the launcher's config check reads them in a
+process that never builds a model, and models/taehv.py builds modules from them."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+
+@dataclass(frozen=True)
+class Chunking:
+    """Time handled in the fixed chunks of a reference VAE (MiniMax H3): every chunk of `frames` input
+    frames gets zero frames in front up to a multiple of t_downscale and is encoded with empty
+    memory; the clip's last `dropped_latents` latents are dropped, as that VAE does."""
+
+    frames: int
+    dropped_latents: int
+
+
+CHUNKINGS: dict[str, Chunking | None] = {
+    "none": None,
+    "minimax_h3": Chunking(frames=17, dropped_latents=3),
+}
+
+# Channels of the three stages of the base-layout decoder (MemBlock stages with nearest upsampling),
+# per decoder kind; the last stage always narrows to 64 before the output conv.
+BASE_LAYOUT_WIDTHS: dict[str, tuple[int, int, int]] = {"base": (256, 128, 64), "wide": (1024, 512, 256)}
+DECODER_KINDS = ("base", "super", "wide")
+
+
+@dataclass(frozen=True)
+class TAEHVArgs:
+    """Everything needed to rebuild a TAEHV model; stored in checkpoints and model_info.json.
+    Also answers the frame arithmetic questions (see the module docstring) without a model."""
+
+    variant: str = "taehv"
+    patch_size: int = 1
+    latent_channels: int = 16
+    decoder_kind: str = "base"  # "base" (MemBlocks), "super" (depthwise blocks) or "wide" (WideMemBlocks)
+    encoder_time_downscale: tuple[bool, bool, bool] = (True, True, False)
+    decoder_time_upscale: tuple[bool, bool, bool] = (False, True, True)
+    decoder_space_upscale: tuple[bool, bool, bool] = (True, True, True)
+    # CogVideoX keeps the first decoded frames when the latent count is even.
+    cogvideox_trim_rule: bool = False
+    chunking: str = "none"  # a key of CHUNKINGS: "none" or "minimax_h3"
+
+    def to_json_dict(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_json_dict(cls, data: dict) -> "TAEHVArgs":
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown TAEHV construction argument(s) {unknown}; known: {sorted(known)}")
+        return cls(**{k: tuple(bool(x) for x in v) if isinstance(v, list) else v for k, v in data.items()})
+
+    # frame arithmetic -------------------------------------------------------------------------
+    @property
+    def t_downscale(self) -> int:
+        return 2 ** sum(self.encoder_time_downscale)
+
+    @property
+    def t_upscale(self) -> int:
+        return 2 ** sum(self.decoder_time_upscale)
+
+    @property
+    def frames_to_trim(self) -> int:
+        return self.t_upscale - 1
+
+    @property
+    def spatial_downscale(self) -> int:
+        return 8 * self.patch_size
+
+    @property
+    def chunk(self) -> Chunking | None:
+        return CHUNKINGS[self.chunking]
+
+    @property
+    def chunk_lead_frames(self) -> int:
+        """Zero frames put in front of each chunk so that it fills whole latents (H3: 3)."""
+        return -self.chunk.frames % self.t_downscale
+
+    @property
+    def chunk_latents(self) -> int:
+        """Latents per encoded chunk (H3: 5)."""
+        return (self.chunk.frames + self.chunk_lead_frames) // self.t_downscale
+
+    @property
+    def chunk_decoded_frames(self) -> int:
+        """Decoder outputs per chunk, before its trim (H3: 20)."""
+        return self.chunk_latents * self.t_upscale
+
+    def trims_leading_frames(self, n_latent_frames: int) -> bool:
+        return not (self.cogvideox_trim_rule and n_latent_frames % 2 == 0)
+
+    def latent_frame_count(self, n_frames: int) -> int:
+        """Latent frames that `encode_video` returns for n_frames input frames."""
+        if n_frames < 1:
+            raise ValueError(f"a clip needs at least 1 frame, got {n_frames}")
+        if self.chunk is None:
+            return -(-n_frames // self.t_downscale)
+        return self.chunk_latents * -(-n_frames // self.chunk.frames) - self.chunk.dropped_latents
+
+    def decoded_frame_count(self, n_latent_frames: int) -> int:
+        """Frames that `decode_video` returns for n_latent_frames latents."""
+        if n_latent_frames < 1:
+            raise ValueError(f"decoding needs at least 1 latent frame, got {n_latent_frames}")
+        if self.chunk is None:
+            frames = n_latent_frames * self.t_upscale
+            return frames - self.frames_to_trim if self.trims_leading_frames(n_latent_frames) else frames
+        chunks = -(-n_latent_frames // self.chunk_latents)
+        kept_per_chunk = self.chunk_decoded_frames - self.frames_to_trim
+        return kept_per_chunk * chunks - self.chunk.dropped_latents * self.t_upscale
+
+    def frame_rule(self) -> tuple[int, int]:
+        """(m, r): clips of m*k + r frames (k >= 0) decode back to as many frames, when
+        t_upscale == t_downscale. 4k+1 for most variants, 8k+1 for taecvx and taeltx*, 17k+5 for taeh3."""
+        if self.chunk is not None:
+            return self.chunk.frames, self.chunk.frames - self.chunk.dropped_latents * self.t_upscale
+        # CogVideoX trims only for odd latent counts: only every other latent count round-trips
+        return self.t_downscale * (2 if self.cogvideox_trim_rule else 1), 1
+
+    def is_valid_frame_count(self, n_frames: int) -> bool:
+        modulus, remainder = self.frame_rule()
+        return (
+            n_frames >= 1
+            and n_frames % modulus == remainder % modulus
+            and self.decoded_frame_count(self.latent_frame_count(n_frames)) == n_frames
+        )
+
+    def valid_frame_counts(self, limit: int) -> list[int]:
+        """Valid clip lengths up to `limit` frames, for messages like "use 9 or 17"."""
+        return [n for n in range(1, limit + 1) if self.is_valid_frame_count(n)]
+
+
+_LTX = dict(patch_size=4, latent_channels=128, encoder_time_downscale=(True, True, True),
+            decoder_time_upscale=(True, True, True))
+VARIANTS: dict[str, TAEHVArgs] = {
+    "taehv": TAEHVArgs("taehv"),
+    "taecvx": TAEHVArgs("taecvx", cogvideox_trim_rule=True),
+    "taew2_1": TAEHVArgs("taew2_1"),
+    "taeos1_3": TAEHVArgs("taeos1_3"),
+    "taehv1_5": TAEHVArgs("taehv1_5", patch_size=2, latent_channels=32),
+    "taew2_2": TAEHVArgs("taew2_2", patch_size=2, latent_channels=48),
+    "taehv1_5_super": TAEHVArgs("taehv1_5_super", patch_size=2, latent_channels=32, decoder_kind="super"),
+    "taew2_2_super": TAEHVArgs("taew2_2_super", patch_size=2, latent_channels=48, decoder_kind="super"),
+    # LTX-2 and LTX-2.3 share one architecture (different weights); shape inference names taeltx_2.
+    "taeltx_2": TAEHVArgs("taeltx_2", **_LTX),
+    "taeltx2_3": TAEHVArgs("taeltx2_3", **_LTX),
+    "taeltx2_3_wide": TAEHVArgs("taeltx2_3_wide", decoder_kind="wide", **_LTX),
+    "taeh3": TAEHVArgs("taeh3", patch_size=2, latent_channels=24, chunking="minimax_h3"),
+}
+
+
+def resolve_args(variant: str = "taehv", **overrides) -> TAEHVArgs:
+    """Variant defaults with explicit overrides applied (unknown names are errors)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown TAEHV variant {variant!r}; choose one of {sorted(VARIANTS)}")
+    known = set(TAEHVArgs.__dataclass_fields__) - {"variant"}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"unknown TAEHV argument(s) {unknown}; known: {sorted(known)}")
+    for key in ("encoder_time_downscale", "decoder_time_upscale", "decoder_space_upscale"):
+        if key in overrides:
+            overrides[key] = tuple(bool(x) for x in overrides[key])
+            if len(overrides[key]) != 3:
+                raise ValueError(f"{key} needs 3 flags, got {overrides[key]}")
+    args = replace(VARIANTS[variant], **overrides)
+    if args.decoder_kind not in DECODER_KINDS:
+        raise ValueError(f"decoder_kind must be one of {DECODER_KINDS}, got {args.decoder_kind!r}")
+    if args.chunking not in CHUNKINGS:
+        raise ValueError(f"chunking must be one of {sorted(CHUNKINGS)}, got {args.chunking!r}")
+    if args.chunk is not None and args.cogvideox_trim_rule:
+        raise ValueError("chunking and cogvideox_trim_rule cannot be combined (each decides the decoded frames)")
+    return args
