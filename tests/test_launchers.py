@@ -220,10 +220,13 @@ def test_production_and_ddp_files_train_with_two_cpu_processes(accelerate_file, 
     accelerate launch, with ranks that disagree: rank 1 alone runs out of memory (micro-step 2),
     gets a NaN loss (micro-step 4) and fails to write the checkpoint of step 2, with Seraena on.
     Every fault costs one skipped step or checkpoint on both ranks; the run finishes with student
-    and discriminator identical on both ranks; then resume."""
+    and discriminator identical on both ranks; then resume. DDP accumulates 2 micro-steps per step
+    (under no_sync, reduced at the window's end): identical ranks show the window's all-reduce."""
     run_dir = tmp_path / "run"
+    accumulation = 2 if zero == 0 else 1
     common = [LAUNCHER, "2", "test", "--output-dir", str(run_dir), "--set", f"data_root={synthetic_clips}",
-              "--set", f"accelerate_config={accelerate_file}", "--set", "seraena_weight=0.1", "--set", "n_frames=8"]
+              "--set", f"accelerate_config={accelerate_file}", "--set", "seraena_weight=0.1", "--set", "n_frames=8",
+              "--set", f"gradient_accumulation_steps={accumulation}"]
     faults = {"TAEHV_FAULT_RANK": "1", "TAEHV_FAULT_OOM_MICRO_STEPS": "2", "TAEHV_FAULT_NONFINITE_MICRO_STEPS": "4",
               "TAEHV_FAULT_CHECKPOINT_FAIL_STEPS": "2"}
     where = "on rank 1"
@@ -249,8 +252,9 @@ def test_production_and_ddp_files_train_with_two_cpu_processes(accelerate_file, 
         assert best["psnr_vs_start"] == pytest.approx(best["psnr"] - float(re.search(
             r"Starting weights \| psnr: ([\d.]+)", first.stdout).group(1)), abs=0.01)
     assert f"2 processes | ZeRO {zero}" in first.stdout
-    assert f"out of memory {where} at micro-step 2 (step 2): skipped on all ranks" in first.stdout
-    assert f"non-finite loss {where} at micro-step 4 (step 3): skipped on all ranks" in first.stdout
+    oom_step, nonfinite_step = (2, 3) if accumulation == 1 else (1, 2)  # the step micro-steps 2 and 4 belong to
+    assert f"out of memory {where} at micro-step 2 (step {oom_step}): skipped on all ranks" in first.stdout
+    assert f"non-finite loss {where} at micro-step 4 (step {nonfinite_step}): skipped on all ranks" in first.stdout
     assert f"checkpoint at step 2 FAILED {where}" in first.stdout and "Step 4/4" in first.stdout
     prints = fingerprints(first.stdout + first.stderr)
     assert len(prints) == 2 and prints["0"] == prints["1"], prints  # both ranks hold the same weights
@@ -284,14 +288,18 @@ def test_broken_clips_on_one_rank_stop_every_rank_with_one_message(tmp_path, syn
 
 @pytest.mark.slow
 def test_out_of_memory_in_one_ranks_backward_stops_the_job_with_advice(tmp_path, synthetic_clips):
-    """Rank 1 alone runs out of memory in a backward: rank 0 is already in that backward's gradient
-    all-reduce and cannot skip it, so the job stops with the advice, naming rank 1, instead of
-    hanging. (One process drops the window and goes on: test_training's skip test.)"""
+    """DDP, 2 micro-steps per step. Rank 1 alone runs out of memory in the backward of micro-step 1,
+    inside the accumulation window: that backward ran under no_sync (no all-reduce), so every rank
+    drops the window and goes on. Then in micro-step 3's backward, which ends the window: rank 0 is
+    already in its gradient all-reduce and cannot skip it, so the job stops with the advice, naming
+    rank 1, instead of hanging. (One process always drops the window: test_training's skip test.)"""
     reducing = run([LAUNCHER, "2", "test", "--set", f"data_root={synthetic_clips}", "--set", "gradient_accumulation_steps=2",
                     "--set", "seraena_weight=0.1", "--set", "n_frames=8", "--set", "step_timeout_s=60", "--max-steps", "3",
                     "--output-dir", str(tmp_path / "reducing")],
-                   {"TAEHV_FAULT_RANK": "1", "TAEHV_FAULT_BACKWARD_OOM_MICRO_STEPS": "3"}, timeout=240)
+                   {"TAEHV_FAULT_RANK": "1", "TAEHV_FAULT_BACKWARD_OOM_MICRO_STEPS": "1,3"}, timeout=240)
     assert reducing.returncode != 0
+    assert ("out of memory on rank 1 (in a backward before this micro-step; its accumulated gradients dropped) at "
+            "micro-step 2 (step 1): skipped on all ranks") in reducing.stdout, reducing.stdout[-3000:]
     assert ("stopped on rank 1: out of memory in the backward of micro-step 3 on rank 1: the other ranks are inside the "
             "gradient all-reduce") in reducing.stderr, reducing.stderr[-3000:]
     assert "Lower batch_size_per_gpu" in reducing.stderr

@@ -115,16 +115,16 @@ def note_bad_step(run: TrainingRun, reason: str, where: str) -> None:
             f"(max_consecutive_bad_steps={run.config.max_consecutive_bad_steps}); checkpoint {saved}. {advice}")
 
 
-def backward_out_of_memory(run: TrainingRun) -> tuple[None, str, str]:
-    """An out-of-memory error inside this rank's backward. With one process it drops the partial
-    gradients of the accumulation window and the next micro-step is counted as skipped. With
-    several, the other ranks are already inside the gradient all-reduce of that backward (under
-    DeepSpeed and, since the forward runs before accumulate(), under DDP on every micro-step) and
-    cannot skip it: stop with advice."""
+def backward_out_of_memory(run: TrainingRun, reducing: bool) -> tuple[None, str, str]:
+    """An out-of-memory error inside this rank's backward. When that backward does not reduce
+    gradients (one process, or DDP inside an accumulation window, under no_sync) every rank drops
+    the partial gradients of the window and the next micro-step is counted as skipped. When it
+    reduces (DeepSpeed on every micro-step, DDP at the window's end), the other ranks are already
+    inside its all-reduce and cannot skip it: stop with advice."""
     accelerator = run.accelerator
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    if accelerator.num_processes > 1:
+    if accelerator.num_processes > 1 and reducing:
         latest = complete_checkpoints(run.run_dir)
         raise TrainingStopped(
             f"out of memory in the backward of micro-step {run.progress.micro_step} on rank {accelerator.process_index}: the "

@@ -12,6 +12,7 @@ rank (training/agreement.py, training/faults.py), logged (training/run_log.py), 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -307,19 +308,24 @@ def train_step(run: "TrainingRun", batch) -> tuple[dict | None, str, str]:
     micro_step = run.progress.micro_step
     losses, out_of_memory, reference_failed = None, False, False
     # Forward and the decision come before accumulate(): a skipped micro-step must not advance
-    # accelerate's accumulation counter, or it would drift from DeepSpeed's.
-    try:
-        video = batch["video"].to(accelerator.device, non_blocking=True).float() / 255  # N,T,3,H,W in [0, 1]
+    # accelerate's accumulation counter, or it would drift from DeepSpeed's. DDP decides in the
+    # forward whether the backward all-reduces, so a micro-step inside the accumulation window runs
+    # its forward under no_sync (accumulate() predicts the same; DeepSpeed reduces its own way).
+    window_ends = (accelerator.step + 1) % accelerator.gradient_accumulation_steps == 0
+    ddp_accumulates = accelerator.state.deepspeed_plugin is None and not window_ends
+    with accelerator.no_sync(model) if ddp_accumulates else contextlib.nullcontext():
         try:
-            reference_latents = reference_latents_for(run, batch, video)
-        except FloatingPointError as error:  # non-finite reference latents for this batch
-            reference_failed, run.last_reference_error = True, str(error)
-        if not reference_failed:
-            losses = forward_losses(config, model, video.to(model_dtype(model)), reference_latents, run.lpips)
-        if micro_step in run.faults.oom_micro_steps:  # as late in the forward as a real one can come
-            run.faults.raise_out_of_memory(accelerator.device, micro_step)
-    except torch.OutOfMemoryError:
-        out_of_memory = True
+            video = batch["video"].to(accelerator.device, non_blocking=True).float() / 255  # N,T,3,H,W in [0, 1]
+            try:
+                reference_latents = reference_latents_for(run, batch, video)
+            except FloatingPointError as error:  # non-finite reference latents for this batch
+                reference_failed, run.last_reference_error = True, str(error)
+            if not reference_failed:
+                losses = forward_losses(config, model, video.to(model_dtype(model)), reference_latents, run.lpips)
+            if micro_step in run.faults.oom_micro_steps:  # as late in the forward as a real one can come
+                run.faults.raise_out_of_memory(accelerator.device, micro_step)
+        except torch.OutOfMemoryError:
+            out_of_memory = True
     if out_of_memory:  # outside the except block, so the failed graph is already released
         losses = None
         if torch.cuda.is_available():
@@ -357,7 +363,7 @@ def train_step(run: "TrainingRun", batch) -> tuple[dict | None, str, str]:
             out_of_memory = True
         if out_of_memory:
             del loss, losses
-            return backward_out_of_memory(run)
+            return backward_out_of_memory(run, reducing=not ddp_accumulates)
         logged = losses.logged
         if accelerator.sync_gradients and accelerator.state.deepspeed_plugin is None:
             logged["grad_norm"] = accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm).detach().float()
