@@ -34,11 +34,8 @@ def _cosine(step: int, warmup: int, total: int) -> float:
 
 
 def _cosine_with_restarts(step: int, warmup: int, total: int) -> float:
-    """diffusers' default of one cycle: the cosine above, 0 after the last step."""
-    if step < warmup:
-        return _warmup(step, warmup)
-    progress = (step - warmup) / max(1, total - warmup)
-    return 0.0 if progress >= 1.0 else max(0.0, 0.5 * (1.0 + math.cos(math.pi * (progress % 1.0))))
+    """diffusers' default of one cycle: the cosine above, then 0 from the last step on."""
+    return 0.0 if step >= max(total, warmup + 1) else _cosine(step, warmup, total)
 
 
 POLYNOMIAL_LR_END = 1e-7  # diffusers' default end value, in absolute learning rate
@@ -54,7 +51,9 @@ def _polynomial(step: int, warmup: int, total: int, lr: float) -> float:
     return ((lr - POLYNOMIAL_LR_END) * remaining + POLYNOMIAL_LR_END) / lr
 
 
-SCHEDULES = ("constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial")
+FACTORS = {"constant": _constant, "constant_with_warmup": _constant_with_warmup, "linear": _linear, "cosine": _cosine,
+           "cosine_with_restarts": _cosine_with_restarts}
+SCHEDULES = (*FACTORS, "polynomial")
 
 
 def build_lr_scheduler(optimizer, name: str, warmup_steps: int, total_steps: int):
@@ -66,5 +65,5 @@ def build_lr_scheduler(optimizer, name: str, warmup_steps: int, total_steps: int
     if name == "polynomial":
         factor = partial(_polynomial, warmup=warmup_steps, total=total_steps, lr=optimizer.defaults["lr"])
     else:
-        factor = partial(globals()[f"_{name}"], warmup=warmup_steps, total=total_steps)
+        factor = partial(FACTORS[name], warmup=warmup_steps, total=total_steps)
     return LambdaLR(optimizer, factor)

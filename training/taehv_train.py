@@ -353,6 +353,9 @@ def train_step(run: "TrainingRun", batch) -> tuple[dict | None, str, str]:
         if agreed.any(reason):
             return None, reason, agreed.where(reason)
     with accelerator.accumulate(model):
+        if accelerator.sync_gradients != window_ends:  # the forward's no_sync would have been wrong: ranks would drift
+            raise RuntimeError(f"accelerate's accumulation counter disagrees with the predicted window end at micro-step "
+                               f"{micro_step}; report this with the accelerate version")
         # every rank is here, so Seraena's all-reduces match; its discriminator steps once per optimizer step
         loss = add_seraena_term(config, run.seraena, losses, update_discriminator=accelerator.sync_gradients)
         try:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from training.taehv_train import TrainingRun
 
 LOWER_IS_BETTER = ("lpips", "flicker")  # best_metric values (and their decode_ forms) where smaller wins
+SAMPLE_CLIPS = 2  # held-out clips shown in TensorBoard at each validation
 
 
 def evaluation_model(run: TrainingRun) -> TAEHV:
@@ -100,9 +101,6 @@ def validation_line(step: int, metrics: dict) -> str:
     if by_frame:
         parts.append("by frame: " + " ".join(f"{v:.1f}" for v in by_frame) + " dB")
     return f"Validation at step {step} | " + " | ".join(parts)
-
-
-SAMPLE_CLIPS = 2  # held-out clips shown in TensorBoard at each validation
 
 
 def log_sample_image(run: TrainingRun, video: torch.Tensor, decoded: torch.Tensor, number: int) -> None:
