@@ -14,8 +14,8 @@ Every run, the uninterrupted one included, has Seraena on and a NaN loss at micr
 (skipped batches), so an exact resume must restore each rank's replay buffer and random state and
 count the data position in batches.
 A cycle is one run folder trained to max_steps through faults; cycles repeat until --minutes
-have passed (or --faults were injected), and the last one always finishes. Every cycle is checked against one uninterrupted
-run of the same config:
+have passed (or --faults were injected), and the last one always finishes. Every cycle is
+checked against one uninterrupted run of the same config:
 - half_written_checkpoints_selected: a resume picked a checkpoint whose files are not the full set;
 - steps_lost: a restart resumed from before the newest complete checkpoint at the time of the fault;
 - loss_mismatches: a step logged a loss other than the uninterrupted run's at that step;
@@ -231,8 +231,10 @@ def run_cycle(work: Path, number: int, clips: Path, max_steps: int, reference: d
             pending_fault = None
         fault = None
         if injecting():
-            kind = kinds.pop(0) if kinds else rng.choice(KINDS)
+            kind = kinds[0] if kinds else rng.choice(KINDS)
             fault = inject(process, run_dir, kind, rng, reference["expected_files"], log_offset)
+            if fault is not None and kinds:  # a kind whose run ended first is tried again on the next run
+                kinds.pop(0)
         if fault is None:
             if process.wait(timeout=900) == 0 and (run_dir / "final" / "taehv.pth").is_file():
                 break
