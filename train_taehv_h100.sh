@@ -94,25 +94,17 @@ SET_ARGS=(); for item in "${SETS[@]+"${SETS[@]}"}"; do SET_ARGS+=(--set "$item")
 
 # ---------------------------------------------------------------- resolve and validate (no training yet)
 # A dry run checks the inputs (weights, reference VAE, data, LPIPS) after the plan and lists them all.
+# The run folder (--output-dir; else the config's output_dir; else the run being resumed; else a new
+# output/<timestamp>) and, when resuming a recorded run, that run's own settings (training/run_folder.py).
 SHELL_ARGS=(); (( DRY_RUN )) && SHELL_ARGS=(--no-check-paths)
 (( CPU_PROFILE )) && SHELL_ARGS+=(--cpu-profile)  # no torch import in this step
-RESOLVED="$("$PYTHON" -m training.config "$CONFIG" --num-processes "$TOTAL_PROCESSES" \
-  "${SET_ARGS[@]+"${SET_ARGS[@]}"}" "${SHELL_ARGS[@]+"${SHELL_ARGS[@]}"}" --shell)" || exit 2
+RUN_ARGS=(--num-processes "$TOTAL_PROCESSES" --output-dir "$OUTPUT_DIR" --resume "$RESUME" "${SET_ARGS[@]+"${SET_ARGS[@]}"}")
+RESOLVED="$("$PYTHON" -m training.config "$CONFIG" "${RUN_ARGS[@]}" "${SHELL_ARGS[@]+"${SHELL_ARGS[@]}"}" --shell)" || exit 2
 eval "$RESOLVED"
+OUTPUT_DIR="$RUN_DIR"
 # a custom config on a CPU accelerate file (base_profile "cpu" or "test") runs as a CPU profile
 [[ "$(basename "$ACCELERATE_CONFIG_FILE")" == *_cpu.yaml ]] && CPU_PROFILE=1
 [[ -f "$ACCELERATE_CONFIG_FILE" ]] || die "accelerate file not found: $ACCELERATE_CONFIG_FILE"
-
-# The run folder: --output-dir; else the config's output_dir; else the run being resumed; else a new output/<timestamp>.
-[[ -z "$OUTPUT_DIR" && -n "$CONFIG_OUTPUT_DIR" ]] && OUTPUT_DIR="$CONFIG_OUTPUT_DIR"
-if [[ -z "$OUTPUT_DIR" && ( "$RESUME" == "latest" || "$RESUME" == "auto" ) ]]; then
-  [[ -e output/latest ]] || die "--resume $RESUME without --output-dir needs output/latest: no earlier run found"
-  OUTPUT_DIR="output/$(readlink output/latest)"
-elif [[ -z "$OUTPUT_DIR" && -n "$RESUME" ]]; then
-  [[ -d "$RESUME" ]] || die "--resume $RESUME: no such checkpoint folder"
-  OUTPUT_DIR="$(dirname "$(dirname "$RESUME")")"
-fi
-[[ -z "$OUTPUT_DIR" ]] && OUTPUT_DIR="output/$(date +%Y%m%d_%H%M%S)"
 
 # Collectives time out later on bigger jobs: at least 30 minutes per node.
 if (( NUM_MACHINES > 1 && CONFIG_NCCL_TIMEOUT_S < 1800 * NUM_MACHINES )); then
@@ -161,7 +153,7 @@ if [[ -n "$CONFIG_STAGES" ]] && (( ! STAGE_GIVEN && ! DRY_RUN )); then
 fi
 
 # GPU memory: an estimate per rank (training/memory.py) against gpu_memory_gb, before any GPU is touched.
-MEMORY_ARGS=("$CONFIG" --num-processes "$TOTAL_PROCESSES" "${SET_ARGS[@]+"${SET_ARGS[@]}"}" --quiet --no-check-paths --memory)
+MEMORY_ARGS=("$CONFIG" "${RUN_ARGS[@]}" --quiet --no-check-paths --memory)
 (( CPU_PROFILE )) || MEMORY_ARGS+=(--check-gpu-budget)
 if (( ! DRY_RUN && ! CPU_PROFILE )); then
   "$PYTHON" -m training.config "${MEMORY_ARGS[@]}" >/dev/null || exit 2
@@ -184,7 +176,10 @@ if [[ "$MACHINE_RANK" == "0" ]]; then
 import socket, sys
 with socket.socket() as s:
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("0.0.0.0", int(sys.argv[1])))
+    try:
+        s.bind(("0.0.0.0", int(sys.argv[1])))
+    except OSError:
+        sys.exit(1)  # the launcher says it in one line
 PY
 fi
 
@@ -208,7 +203,8 @@ if (( DEBUG )); then
 fi
 
 # ---------------------------------------------------------------- the command
-LAUNCH=("$PYTHON" -m accelerate.commands.launch
+# training.launch is accelerate launch that passes the training's one-line errors and exit codes on
+LAUNCH=("$PYTHON" -m training.launch
   --config_file "$ACCELERATE_CONFIG_FILE"
   --num_processes "$TOTAL_PROCESSES" --num_machines "$NUM_MACHINES" --machine_rank "$MACHINE_RANK"
   --main_process_ip "$MASTER_ADDR" --main_process_port "$MASTER_PORT")
@@ -244,7 +240,7 @@ if (( DRY_RUN )); then
   for warning in "${MACHINE_WARNINGS[@]+"${MACHINE_WARNINGS[@]}"}"; do echo "  warning: $warning"; done
   (( ${#MACHINE_WARNINGS[@]} )) || echo "  ok"
   # resolved config, memory estimate and every input problem, in one process (one torch import)
-  REPORT_ARGS=("$CONFIG" --num-processes "$TOTAL_PROCESSES" --set "output_dir=$OUTPUT_DIR" "${SET_ARGS[@]+"${SET_ARGS[@]}"}" --quiet --dry-run-report)
+  REPORT_ARGS=("$CONFIG" "${RUN_ARGS[@]}" --quiet --dry-run-report)
   (( CPU_PROFILE )) || REPORT_ARGS+=(--check-gpu-budget)
   REPORT_STATUS=0; "$PYTHON" -m training.config "${REPORT_ARGS[@]}" 2>&1 || REPORT_STATUS=$?
   case "$REPORT_STATUS" in

@@ -23,8 +23,9 @@ import torch
 
 from models.taehv import TAEHV
 from training.agreement import agree
-from training.config import ConfigError, TrainConfig
+from training.config import ResumeError, TrainConfig
 from training.elastic import save_full_state
+from training.run_folder import check_writable, complete_checkpoints
 
 if TYPE_CHECKING:
     from training.taehv_train import TrainingRun
@@ -58,47 +59,22 @@ class Progress:
         self.baseline = state.get("baseline")
 
 
-def complete_checkpoints(run_dir: Path) -> list[Path]:
-    """Checkpoint folders that were moved into place, oldest first (temporary ones never count)."""
-    folders = [p for p in (run_dir / "checkpoints").glob("checkpoint-*") if p.is_dir() and p.name.split("-")[1].isdigit()]
-    return sorted(folders, key=lambda p: int(p.name.split("-")[1]))
-
-
-def find_resume_checkpoint(resume: str, run_dir: Path) -> Path | None:
-    """'auto': the newest complete checkpoint or None; 'latest': the same, but none is an error."""
-    if resume not in ("auto", "latest"):
-        path = Path(resume)
-        if not path.is_dir():
-            raise ConfigError(f"--resume {resume}: no such checkpoint folder")
-        return path
-    checkpoints = complete_checkpoints(run_dir)
-    if not checkpoints and resume == "latest":
-        raise ConfigError(f"--resume latest: no complete checkpoint in {run_dir / 'checkpoints'}")
-    return checkpoints[-1] if checkpoints else None
-
-
 def check_run_folder(config: TrainConfig, resume_from: Path | None, resuming: bool) -> None:
     """The run folder can be written; a fresh start does not land on an earlier run's checkpoints;
-    a checkpoint to resume fits this config."""
+    a checkpoint to resume fits this config. Writes nothing."""
     from training import elastic
 
     run_dir = Path(config.output_dir)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as error:
-        raise ConfigError(f"output_dir={str(run_dir)!r} cannot be written ({error.strerror}): choose another --output-dir") from None
+    check_writable(run_dir)
     existing = complete_checkpoints(run_dir) if (run_dir / "checkpoints").is_dir() else []
     if existing and not resuming:
-        raise ConfigError(f"{run_dir} already holds {existing[-1].name}: continue it with --resume latest, "
+        raise ResumeError(f"{run_dir} already holds {existing[-1].name}: continue it with --resume latest, "
                           "or choose another --output-dir (nothing was changed)")
     if resume_from is not None:
         try:
             elastic.check_resumable(resume_from, config)
         except ValueError as error:
-            raise ConfigError(str(error)) from None
+            raise ResumeError(str(error)) from None
 
 
 def save_checkpoint(run: TrainingRun, step: int) -> Path | None:

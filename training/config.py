@@ -38,6 +38,14 @@ class ConfigError(ValueError):
     """A one-line, user-facing configuration problem."""
 
 
+class ResumeError(ConfigError):
+    """A one-line problem with what --resume asks for (the run folder, its checkpoint or settings)."""
+
+
+def error_line(error: ConfigError) -> str:
+    return f"{'resume' if isinstance(error, ResumeError) else 'config'} error: {error}"
+
+
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 
 
@@ -232,6 +240,9 @@ def _closest(key: str) -> str:
 def parse_value(key: str, text: str) -> Any:
     """A `--set key=value` string to the key's type."""
     kind = FIELD_TYPES[key]
+    if key == "stages":
+        raise ConfigError("--set stages=...: stages are dicts; write them in a config file (docs/training.md#recipes), "
+                          "or use --set stage=K to train one of a file's stages")
     try:
         if kind is bool:
             lowered = text.strip().lower()
@@ -246,9 +257,12 @@ def parse_value(key: str, text: str) -> Any:
         if kind is float:
             return float(text)
         if kind is tuple:
-            return tuple(int(x) for x in text.split(",") if x.strip())
+            return tuple(int(x) for x in text.strip().strip("()").split(",") if x.strip())
         return text
     except ValueError:
+        if kind is tuple:
+            raise ConfigError(f"--set {key}={text}: expected process counts separated by commas, e.g. "
+                              f"--set {key}=8 or {key}=8,16, or {key}=() for any") from None
         raise ConfigError(f"--set {key}={text}: expected {kind.__name__}") from None
 
 
@@ -310,10 +324,8 @@ def _check_type(key: str, value: Any, source: str) -> Any:
     return value
 
 
-def load_config(
-    profile_or_path: str, overrides: list[str] | None = None, num_processes: int | None = None, check_paths: bool = True
-) -> TrainConfig:
-    """Profile -> overrides -> validation -> derived values. Raises ConfigError with one line."""
+def launch_values(profile_or_path: str, overrides: list[str] | None = None) -> tuple[dict, dict, str]:
+    """(every key the profile and the overrides set, the overrides alone, the profile's source file)."""
     profile_values, source = profile_overrides(profile_or_path)
     values = {}
     for key, value in profile_values.items():
@@ -325,14 +337,41 @@ def load_config(
         stage_overrides(values["stages"], stage, source)
     values.update(stage_overrides(values.get("stages", ()), set_values.get("stage", values.get("stage", 0)), source))
     values.update(set_values)
+    return values, set_values, source
+
+
+QUICK_TRIAL_CAPPED = ("warmup_steps", "log_every", "validation_steps", "checkpointing_steps")
+
+
+def build_config(values: dict, num_processes: int | None = None, check_paths: bool = True,
+                 max_steps_given: bool = False, notes: list[str] | None = None) -> TrainConfig:
+    """Validated TrainConfig with derived values from every settable key's value. `max_steps_given`
+    (--max-steps or --set max_steps on the command line) makes it a quick trial: the warm-up and
+    every interval are capped to max_steps, and `notes` says which."""
     config = TrainConfig(**values)
     config.num_processes = num_processes if num_processes is not None else (config.supported_num_gpus or (1,))[0]
+    if max_steps_given:
+        capped = [f"{key} {getattr(config, key)} -> {config.max_steps}" for key in QUICK_TRIAL_CAPPED
+                  if getattr(config, key) > config.max_steps]
+        for key in QUICK_TRIAL_CAPPED:
+            setattr(config, key, min(getattr(config, key), config.max_steps))
+        if capped and notes is not None:
+            notes.append(f"max_steps={config.max_steps} caps {', '.join(capped)}")
     validate(config, check_paths=check_paths)
     resolve(config)
     if config.compile and config.zero_stage == 3:
         raise ConfigError(f"compile=true with ZeRO-3 ({config.accelerate_config}): its parameter gathering hooks break "
                           "the compiled graph; use a ZeRO-2 or DDP accelerate file, or set compile=false")
     return config
+
+
+def load_config(
+    profile_or_path: str, overrides: list[str] | None = None, num_processes: int | None = None, check_paths: bool = True,
+    notes: list[str] | None = None,
+) -> TrainConfig:
+    """Profile -> overrides -> validation -> derived values. Raises ConfigError with one line."""
+    values, set_values, _ = launch_values(profile_or_path, overrides)
+    return build_config(values, num_processes, check_paths, "max_steps" in set_values, notes)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -642,6 +681,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("profile", nargs="?", help="profile name or path of a .py config file")
     parser.add_argument("--num-processes", type=int)
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--output-dir", default="", help="the run folder (as the launcher's --output-dir)")
+    parser.add_argument("--resume", default="", help="as the launcher's --resume: a resume of a recorded run restores "
+                        "its settings (training/run_folder.py)")
     parser.add_argument("--no-check-paths", action="store_true", help="skip the existence checks of paths")
     parser.add_argument("--shell", action="store_true", help="print KEY=value lines for the launchers")
     parser.add_argument("--cpu-profile", action="store_true",
@@ -662,17 +704,27 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.profile:
         parser.error("a profile or config file is required")
+    from training.run_folder import load_run
+
+    notes: list[str] = []
     try:
-        config = load_config(args.profile, args.overrides, args.num_processes,
-                             check_paths=not (args.no_check_paths or args.list_input_problems or args.dry_run_report))
+        run = load_run(args.profile, args.overrides, args.num_processes, args.output_dir, args.resume,
+                       check_paths=not (args.no_check_paths or args.list_input_problems or args.dry_run_report), notes=notes)
+        config = run.config
         legacy_notes: list[str] = []
         _, source = profile_overrides(args.profile, legacy_notes)
     except ConfigError as error:
-        print(f"config error: {error}", file=sys.stderr)
+        print(error_line(error), file=sys.stderr)
         return 2
     for note in [] if args.quiet else legacy_notes:  # an old-style `args` file: what was renamed, adjusted or dropped
         print(f"legacy config: {note}", file=sys.stderr)
+    for note in [] if args.quiet else notes:  # said once per launch: the launcher's first step is not quiet
+        print(f"quick trial: {note}", file=sys.stderr)
     if args.dry_run_report:
+        if run.restored:
+            print(f"resume: the settings of {run.run_dir} ({len(run.changes)} changed by this launch)")
+            for line in run.change_lines():
+                print(f"  {line}")
         print("resolved config:")
         print(config_summary(config))
         print("memory (estimated per rank; training/memory.py, docs/performance.md):")
@@ -703,7 +755,7 @@ def main(argv: list[str] | None = None) -> int:
             "CONFIG_ACCUMULATION": config.gradient_accumulation_steps,
             "CONFIG_CLIP": f"{config.n_frames} frames of {config.height}x{config.width} ({config.latent_frames} latent frames)",
             "CONFIG_MAX_STEPS": config.max_steps,
-            "CONFIG_OUTPUT_DIR": config.output_dir,
+            "RUN_DIR": run.run_dir,
             "CONFIG_DATA_ROOT": config.data_root,
             "CONFIG_PRETRAINED": config.pretrained_model_path,
             "CONFIG_REF_VAE": config.ref_vae_path if config.use_ref_vae else "(autoencoder mode)",

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file by accelerate launch: make the repo importable
@@ -30,13 +30,14 @@ from training.builders import (build_accelerator, build_datasets, build_lpips, b
                                build_reference_vae, build_seraena, build_train_loader, check_deepspeed_batch,
                                choose_sample_data, configure_cuda, model_dtype)
 from training.checkpoints import (Progress, check_run_folder, complete_checkpoints, current_weights,  # noqa: E402
-                                  export_info, export_model, find_resume_checkpoint, full_state_dict, master_weights, resume,
+                                  export_info, export_model, full_state_dict, master_weights, resume,
                                   save_checkpoint, weights_fingerprint)
-from training.config import ConfigError, TrainConfig, load_config, write_resolved_config  # noqa: E402
+from training.config import ConfigError, TrainConfig, error_line  # noqa: E402
 from training.dataset import DataFailureError, FailureTracker, IndexFormatError  # noqa: E402
 from training.distill import SeraenaState, WeightEMA, add_seraena_term, forward_losses  # noqa: E402
 from training.faults import (FaultInjection, StopRequest, TrainingStopped, backward_out_of_memory,  # noqa: E402
                              die_with_launcher, is_collective_timeout, note_bad_step, shorten_collective_timeout)
+from training.run_folder import Run, load_run, record_run  # noqa: E402
 from training.run_log import RunLog, log_training, start_profiler  # noqa: E402
 from training.validation import (evaluation_model, record_validation, reference_latents_for, validate,  # noqa: E402
                                  validation_line, with_baseline)
@@ -54,33 +55,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def load_run_config(args: argparse.Namespace) -> TrainConfig:
+def load_run_config(args: argparse.Namespace) -> Run:
+    """This launch's config and run folder; on a resume of a recorded run, the run's own settings
+    (training/run_folder.py)."""
     overrides = list(args.overrides)
     if args.max_steps is not None:
         overrides.append(f"max_steps={args.max_steps}")
-    if args.output_dir:
-        overrides.append(f"output_dir={args.output_dir}")
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    config = load_config(args.config, overrides, num_processes=world_size)
-    if not config.output_dir:
-        if world_size > 1:
-            raise ConfigError("several processes need one run folder: pass --output-dir (the launchers do)")
-        config.output_dir = f"output/{datetime.now():%Y%m%d_%H%M%S}"
-    return config
-
-
-def prepare_run_dir(config: TrainConfig) -> Path:
-    """Rank 0 creates the run folder, writes resolved_config.json and points output/latest at it."""
-    run_dir = Path(config.output_dir)
-    if int(os.environ.get("RANK", "0")) == 0:
-        write_resolved_config(config, run_dir)
-        if run_dir.parent.name == "output" and run_dir.name != "latest":
-            latest = run_dir.parent / "latest"
-            temporary = run_dir.parent / ".latest.tmp"
-            temporary.unlink(missing_ok=True)
-            temporary.symlink_to(run_dir.name)
-            temporary.replace(latest)
-    return run_dir
+    if world_size > 1 and not args.output_dir:
+        raise ConfigError("several processes need one run folder: pass --output-dir (the launchers do)")
+    return load_run(args.config, overrides, num_processes=world_size, output_dir=args.output_dir or "",
+                    resume=args.resume or "")
 
 
 @dataclass
@@ -119,19 +104,13 @@ class TrainingRun:
 def main(argv: list[str] | None = None) -> int:
     die_with_launcher()
     args = parse_args(argv)
-    try:
-        config = load_run_config(args)
-    except ConfigError as error:
-        print(f"config error: {error}", file=sys.stderr)
-        return 2
     try:  # refusals before anything is written or built: a user's run folder is never overwritten
-        resume_from = find_resume_checkpoint(args.resume, Path(config.output_dir)) if args.resume else None
+        launch = load_run_config(args)
+        config, run_dir, resume_from = launch.config, launch.run_dir, launch.resume_from
         check_run_folder(config, resume_from, resuming=bool(args.resume))
     except ConfigError as error:
-        print(f"resume error: {error}", file=sys.stderr)
-        return 2
+        return fail(2, error_line(error))
     choose_sample_data(config)  # before resolved_config.json is written: it records the folder trained on
-    run_dir = prepare_run_dir(config)
 
     from accelerate.utils import set_seed
 
@@ -141,18 +120,19 @@ def main(argv: list[str] | None = None) -> int:
         rank = int(os.environ.get("RANK", "0"))  # what accelerate's process_index will be
         loader, sampler = build_train_loader(config, train_dataset, rank, config.num_processes)
     except (DataFailureError, IndexFormatError) as error:
-        print(f"data error: {error}", file=sys.stderr, flush=True)
-        return 3
+        return fail(3, f"data error: {error}")
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if torch.cuda.is_available() else torch.device("cpu")
     try:  # a reference VAE that cannot load is a one-line error, before DeepSpeed starts
         reference_vae = build_reference_vae(config, device)
     except RuntimeError as error:
-        print(f"reference VAE error: {error}", file=sys.stderr, flush=True)
-        return 2
-    problem = check_starting_latent_space(config, reference_vae, validation_dataset, run_dir)
+        return fail(2, f"reference VAE error: {error}")
+    latent_space_report, problem = check_starting_latent_space(config, reference_vae, validation_dataset)
     if problem:
-        print(f"latent space error: {problem}", file=sys.stderr, flush=True)
-        return 2
+        return fail(2, f"latent space error: {problem}")
+    if rank == 0:  # the inputs passed: only now does the run folder get written
+        record_run(launch)
+        if latent_space_report is not None:
+            (run_dir / "latent_space_check.json").write_text(json.dumps(latent_space_report, indent=2) + "\n")
     accelerator = build_accelerator(config, run_dir)
     set_seed(config.seed)  # the same initial weights on every rank
     model = build_model(config)
@@ -173,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     run.log.line(f"run folder {run_dir} | {accelerator.num_processes} processes | ZeRO {config.zero_stage} | "
                  f"global batch {config.global_batch_size} | {len(train_dataset)} train / {len(validation_dataset)} "
                  f"validation clips | {describe_teacher(config)}")
+    for line in launch.change_lines():  # recorded in resolved_config.json (the previous one kept beside it)
+        run.log.line(line)
     if resume_from is not None:
         resume(run, resume_from)
     run.profiler = start_profiler(run_dir, accelerator.process_index) if args.torch_profile else None
@@ -202,14 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def check_starting_latent_space(config: TrainConfig, reference_vae, validation_dataset, run_dir: Path) -> str:
+def check_starting_latent_space(config: TrainConfig, reference_vae, validation_dataset) -> tuple[dict | None, str]:
     """The starting weights against the reference on up to 4 held-out clips (the same on every
-    rank, so every rank decides alike without a collective); the report goes to
-    <run>/latent_space_check.json and one log line. Returns the refusal, or ''."""
+    rank, so every rank decides alike without a collective): (the report for
+    <run>/latent_space_check.json, the refusal or ''), with one summary line from rank 0."""
     if not (config.latent_space_check and config.pretrained_model_path and reference_vae is not None):
-        return ""
-    import json
-
+        return None, ""
     from models.taehv import TAEHV
     from training.latent_space_check import latent_space_problem, latent_space_report, summary_line
 
@@ -218,9 +198,16 @@ def check_starting_latent_space(config: TrainConfig, reference_vae, validation_d
     videos = [validation_dataset[i]["video"][None].to(device).float() / 255 for i in range(min(4, len(validation_dataset)))]
     report = latent_space_report(student, reference_vae, videos)
     if int(os.environ.get("RANK", "0")) == 0:
-        (run_dir / "latent_space_check.json").write_text(json.dumps(report, indent=2) + "\n")
         print(summary_line(report), flush=True)
-    return latent_space_problem(report)
+    return report, latent_space_problem(report)
+
+
+def fail(code: int, line: str) -> int:
+    """A one-line start-up error, the same on every rank: printed by the first rank of each
+    machine; the launcher passes it and its exit code on (2 config, 3 data)."""
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        print(line, file=sys.stderr, flush=True)
+    return code
 
 
 def describe_teacher(config: TrainConfig) -> str:
