@@ -39,11 +39,42 @@ def fake_checkpoint(run_dir, step=2, **contract):
 
 
 @pytest.mark.slow
-def test_empty_data_folder_is_a_one_line_data_error(tmp_path):
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_empty_data_folder_is_one_line_exit_3_and_writes_no_run_folder(tmp_path, processes):
+    """The training's own line and exit code reach the terminal, not accelerate's or torchrun's
+    report (training/launch.py); a start that fails its inputs creates no run folder."""
     (tmp_path / "empty").mkdir()
-    result = launch(["1", "test", "--output-dir", str(tmp_path / "run"), "--set", f"data_root={tmp_path / 'empty'}"], tmp_path)
-    assert result.returncode != 0
-    assert f"data error: no video files under {tmp_path / 'empty'}: check data_root / index_path" in result.stderr
+    run_dir = tmp_path / "run"
+    result = launch([processes, "test", "--output-dir", str(run_dir), "--set", f"data_root={tmp_path / 'empty'}"], tmp_path)
+    assert result.returncode == 3, result.stderr[-3000:]
+    assert result.stderr.strip() == f"data error: no video files under {tmp_path / 'empty'}: check data_root / index_path"
+    assert not run_dir.exists()
+
+
+def test_resume_latest_without_a_checkpoint_is_one_line_exit_2(tmp_path):
+    result = launch(["1", "test", "--output-dir", str(tmp_path / "run"), "--resume", "latest"], tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (f"resume error: --resume latest: no complete checkpoint in {tmp_path / 'run' / 'checkpoints'}: "
+                                     "start it without --resume, or use --resume auto")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_crash_the_training_did_not_explain_names_the_rank_and_keeps_torchruns_report(tmp_path):
+    """A rank killed by a signal (the OOM killer, a segfault) has no line of its own: the launcher
+    says which rank and keeps torchrun's report in the run folder's launch.log."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    script = tmp_path / "crash.py"
+    script.write_text("import os, signal, sys\nfrom pathlib import Path\n"
+                      "Path(sys.argv[2], 'train.log').write_text('started\\n')\n"
+                      "if os.environ['RANK'] == '1':\n    os.kill(os.getpid(), signal.SIGKILL)\n")
+    code = subprocess.run([sys.executable, "-m", "training.launch", "--config_file", str(REPO_ROOT / "accelerate_configs" / "ddp_cpu.yaml"),
+                           "--num_processes", "2", "--main_process_port", str(free_port()), str(script), "--output-dir", str(run_dir)],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert code.returncode == 128 + 9, code.stderr[-3000:]
+    assert code.stderr.strip().splitlines()[-1] == f"training failed: rank 1 was killed by SIGKILL; the launcher's report is in {run_dir / 'launch.log'}"
+    report = (run_dir / "launch.log").read_text()
+    assert "Traceback" not in code.stderr and "Root Cause" in report and "Signal 9 (SIGKILL) received" in report
 
 
 def test_output_folder_that_cannot_be_written_is_named(tmp_path, capsys):

@@ -1,0 +1,127 @@
+"""A run is its run folder (training/run_folder.py): a resume of a recorded run restores its
+settings, lets a resume change only what RESUME_MAY_CHANGE lists (each change recorded, the
+previous resolved config kept), refuses the rest in one line, and a quick trial (--max-steps)
+caps every interval. The launcher-level check (SIGTERM, then the printed continue command) is
+tests/test_launchers.py::test_ctrl_c_checkpoints_and_the_printed_command_continues_the_same_run."""
+
+import json
+
+import pytest
+
+from training.config import ConfigError, ResumeError, available_profiles, load_config, profile_overrides
+from training.run_folder import RESUME_MAY_CHANGE, load_run, record_run
+
+
+def start(run_dir, overrides, profile="test", processes=1):
+    """A fresh launch recorded as rank 0 records it, plus one complete checkpoint to resume."""
+    run = load_run(profile, overrides, processes, output_dir=str(run_dir), check_paths=False)
+    record_run(run)
+    (run_dir / "checkpoints" / "checkpoint-5").mkdir(parents=True)
+    return run
+
+
+def resume(run_dir, overrides=(), profile="test", processes=1, how="latest"):
+    return load_run(profile, list(overrides), processes, output_dir=str(run_dir), resume=how, check_paths=False)
+
+
+def test_the_continue_command_restores_the_runs_own_settings_and_rewrites_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    start(run_dir, ["max_steps=40", "learning_rate=3e-4", "checkpointing_steps=5", "data_root=/data/clips"])
+    before = (run_dir / "resolved_config.json").read_bytes()
+    again = resume(run_dir)  # exactly what the launcher prints: profile, --output-dir, --resume latest
+    assert again.restored and again.changes == []
+    assert (again.config.max_steps, again.config.learning_rate, again.config.data_root) == (40, 3e-4, "/data/clips")
+    assert str(again.resume_from).endswith("checkpoint-5")
+    record_run(again)
+    assert (run_dir / "resolved_config.json").read_bytes() == before
+    assert sorted(p.name for p in run_dir.glob("resolved_config*")) == ["resolved_config.json"]
+    # repeating the run's own --set values is no change either
+    assert resume(run_dir, ["learning_rate=3e-4", "max_steps=40"]).changes == []
+
+
+def test_a_resume_may_extend_the_run_and_the_change_is_recorded_with_history(tmp_path):
+    run_dir = tmp_path / "run"
+    start(run_dir, ["max_steps=40", "learning_rate=3e-4"])
+    extended = resume(run_dir, ["max_steps=60", "num_workers=2"])
+    assert extended.change_lines() == ["resume changes num_workers: 0 -> 2", "resume changes max_steps: 40 -> 60"]
+    assert extended.config.learning_rate == 3e-4
+    record_run(extended)
+    assert json.loads((run_dir / "resolved_config.json").read_text())["max_steps"] == 60
+    assert json.loads((run_dir / "resolved_config.until-step-5.json").read_text())["max_steps"] == 40
+    # the next continue command keeps the extension
+    assert resume(run_dir).config.max_steps == 60 and resume(run_dir).changes == []
+
+
+@pytest.mark.parametrize("override, key", [("learning_rate=1e-3", "learning_rate"), ("data_root=/elsewhere", "data_root"),
+                                           ("n_frames=12", "n_frames")])
+def test_any_other_change_on_resume_is_refused_in_one_line_naming_both_values(tmp_path, override, key):
+    run_dir = tmp_path / "run"
+    start(run_dir, ["max_steps=40", "learning_rate=3e-4", "data_root=/data/clips"])
+    with pytest.raises(ResumeError) as refused:
+        resume(run_dir, [override])
+    message = str(refused.value)
+    assert "\n" not in message and key not in RESUME_MAY_CHANGE
+    recorded = json.loads((run_dir / "resolved_config.json").read_text())[key]
+    assert f"--set {override.split('=')[0]}=" in message and f"the run's {key}={recorded!r}" in message
+    assert f"--resume {run_dir / 'checkpoints' / 'checkpoint-5'} --output-dir <new folder>" in message
+
+
+def test_another_process_count_takes_the_profiles_topology_and_keeps_the_runs_training_settings(tmp_path):
+    run_dir = tmp_path / "run"
+    start(run_dir, ["learning_rate=3e-4"], profile="cpu", processes=2)
+    one = resume(run_dir, profile="cpu", processes=1)
+    assert one.config.global_batch_size == 8 and one.config.learning_rate == 3e-4
+    assert ("global_batch_size", 16, 8) in one.changes
+    assert {key for key, _, _ in one.changes} <= RESUME_MAY_CHANGE
+
+
+def test_a_checkpoint_branched_into_a_new_folder_is_a_new_run_with_this_launchs_settings(tmp_path):
+    run_dir = tmp_path / "run"
+    start(run_dir, ["learning_rate=3e-4"])
+    branch = load_run("test", ["learning_rate=1e-3"], 1, output_dir=str(tmp_path / "branch"),
+                      resume=str(run_dir / "checkpoints" / "checkpoint-5"), check_paths=False)
+    assert not branch.restored and branch.config.learning_rate == 1e-3
+
+
+def test_resume_latest_without_a_checkpoint_and_no_run_are_one_line_errors(tmp_path, monkeypatch):
+    with pytest.raises(ResumeError, match=r"^--resume latest: no complete checkpoint in .*: start it without --resume"):
+        resume(tmp_path / "empty")
+    assert resume(tmp_path / "fresh", how="auto").resume_from is None  # auto: a fresh start
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ResumeError, match="needs output/latest: no earlier run found"):
+        load_run("test", [], 1, resume="latest", check_paths=False)
+
+
+def test_only_default_run_folders_move_output_latest(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    record_run(load_run("test", [], 1, check_paths=False))  # output/<timestamp>
+    default = (tmp_path / "output" / "latest").resolve()
+    record_run(load_run("test", [], 1, output_dir="output/mine", check_paths=False))
+    assert (tmp_path / "output" / "latest").resolve() == default != (tmp_path / "output" / "mine").resolve()
+
+
+@pytest.mark.parametrize("profile", available_profiles())
+def test_max_steps_is_a_quick_trial_of_every_profile(profile):
+    processes = (profile_overrides(profile)[0].get("supported_num_gpus") or (8,))[0]
+    notes = []
+    config = load_config(profile, ["max_steps=20"], processes, check_paths=False, notes=notes)
+    for key in ("warmup_steps", "log_every", "validation_steps", "checkpointing_steps"):
+        assert getattr(config, key) <= 20
+    assert len(notes) <= 1 and all(note.startswith("max_steps=20 caps ") for note in notes)
+
+
+def test_max_steps_is_a_quick_trial_of_the_staged_recipe_in_the_docs(tmp_path):
+    recipe = tmp_path / "my_decoder_finetune.py"
+    recipe.write_text('base_profile = "h100"\noverrides = dict(\n    pretrained_model_path="checkpoints/taecvx.pth",\n'
+                      '    stages=(\n        dict(name="low", steps=20_000, height=240, width=360, train_encoder=False, '
+                      'batch_size_per_gpu=16,\n             gradient_accumulation_steps=1),\n'
+                      '        dict(name="high", steps=10_000, height=480, width=720, train_encoder=False, learning_rate=5e-5),\n'
+                      '    ),\n)\n')
+    for stage in (1, 2):
+        config = load_config(str(recipe), [f"stage={stage}", "max_steps=20"], 8, check_paths=False)
+        assert config.max_steps == 20 and config.warmup_steps == 20
+    # a config file's own max_steps below its warm-up is still a mistake to fix, not a quick trial
+    mistake = tmp_path / "mistake.py"
+    mistake.write_text('base_profile = "h100"\noverrides = dict(max_steps=20)\n')
+    with pytest.raises(ConfigError, match="warmup_steps=2000 exceeds max_steps=20"):
+        load_config(str(mistake), [], 8, check_paths=False)
