@@ -8,6 +8,9 @@ FAMILIES = ("cogvideox", "hunyuan", "hunyuan1_5", "wan", "ltx", "ltx2", "minimax
 # measured on each class: Hunyuan 1.5 and Wan (2.1, 2.2) 4k+1, LTX and LTX-2 8k+1, MiniMax H3 17n+5 -> 5n+2
 FRAME_RULES = {"cogvideox": (8, 1), "hunyuan": (4, 1), "hunyuan1_5": (4, 1), "wan": (4, 1), "ltx": (8, 1), "ltx2": (8, 1),
                "minimax_h3": (17, 5)}
+# a public diffusers pipeline of each family with a well-known hub id, named in hints (others: none named)
+PUBLIC_PIPELINES = {"cogvideox": "THUDM/CogVideoX-2b", "hunyuan": "hunyuanvideo-community/HunyuanVideo",
+                    "wan": "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "ltx": "Lightricks/LTX-Video"}
 # MiniMax H3's VAE takes and returns ImageNet-normalised pixels; the others [-1, 1]
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 

@@ -114,7 +114,7 @@ def test_wrong_process_count_and_missing_paths_are_named(tmp_path):
     with pytest.raises(ConfigError, match=r"data_root='/nonexistent' is not a folder"):
         load_config("h100", ["pretrained_model_path=", f"ref_vae_path={vae_folder(tmp_path)}", "data_root=/nonexistent",
                              "perceptual_weight=0"])
-    with pytest.raises(ConfigError, match="ref_vae_path='./missing' is neither a local folder nor a hub id"):
+    with pytest.raises(ConfigError, match="ref_vae_path='./missing' is not a local folder: copy the diffusers cogvideox pipeline there \(e.g. huggingface-cli download THUDM/CogVideoX-2b"):
         load_config("h100", ["pretrained_model_path=", f"data_root={tmp_path}", "ref_vae_path=./missing"])
     with pytest.raises(ConfigError, match=r"ref_vae_path='someone/missing-vae' is no local folder and not in the Hugging Face "
                                           r"cache: .* \(huggingface-cli download someone/missing-vae --include 'vae/\*'\)"):

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from models.reference_families import FAMILIES, FRAME_RULES, LATENT_SPACES, resolve_latent_space
+from models.reference_families import FAMILIES, FRAME_RULES, LATENT_SPACES, PUBLIC_PIPELINES, resolve_latent_space
 from models.reference_families import valid_frame_counts as reference_frame_counts
 from models.variants import VARIANTS
 from training.lr_schedule import SCHEDULES
@@ -529,8 +529,8 @@ def input_problems(c: TrainConfig) -> list[str]:
     if c.pretrained_model_path:
         path = Path(c.pretrained_model_path)
         if not path.is_file():
-            problems.append(f"pretrained_model_path={c.pretrained_model_path!r} does not exist: copy the public weights "
-                            "there (e.g. checkpoints/taecvx.pth), fix the path, or set it to '' to train from scratch")
+            problems.append(f"pretrained_model_path={c.pretrained_model_path!r} does not exist: copy the public "
+                            f"{c.model_variant} weights file there, fix the path, or set it to '' to train from scratch")
         elif unreadable(path):
             problems.append(f"pretrained_model_path={c.pretrained_model_path!r} cannot be read: fix its permissions")
     if c.latent_cache:
@@ -545,13 +545,17 @@ def input_problems(c: TrainConfig) -> list[str]:
                 problems.append(str(error))
     elif c.use_ref_vae:
         folder = Path(c.ref_vae_path)
+        public = PUBLIC_PIPELINES.get(c.ref_vae_family)
+        example = (f" (e.g. huggingface-cli download {public} --include 'vae/*' --local-dir {c.ref_vae_path})"
+                   if public else "")
+        default = TrainConfig.__dataclass_fields__["ref_vae_path"].default
         if folder.is_dir():
             if not (folder / "config.json").is_file() and not (folder / "vae" / "config.json").is_file():
                 problems.append(f"ref_vae_path={c.ref_vae_path!r} holds no config.json (nor vae/config.json): point it at "
                                 f"the diffusers {c.ref_vae_family} pipeline folder or its vae/ subfolder")
-        elif not HUB_ID.match(c.ref_vae_path):
-            problems.append(f"ref_vae_path={c.ref_vae_path!r} is neither a local folder nor a hub id: copy the diffusers "
-                            f"{c.ref_vae_family} pipeline there, or fix the path")
+        elif not HUB_ID.match(c.ref_vae_path) or c.ref_vae_path == default:  # the default names a local folder
+            problems.append(f"ref_vae_path={c.ref_vae_path!r} is not a local folder: copy the diffusers "
+                            f"{c.ref_vae_family} pipeline there{example}, or point ref_vae_path at yours")
         elif not hub_model_is_cached(c.ref_vae_path):  # every rank of every node would download it at start
             problems.append(f"ref_vae_path={c.ref_vae_path!r} is no local folder and not in the Hugging Face cache: copy "
                             f"the diffusers {c.ref_vae_family} pipeline there, or download it once on each node "

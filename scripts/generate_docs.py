@@ -1,0 +1,77 @@
+"""Numbers the docs quote, generated from the code so they cannot drift:
+
+    python -m scripts.generate_docs           # rewrite every generated part in place
+    python -m scripts.generate_docs --check   # exit 1 naming each part that is out of date
+
+A generated part sits between `<!-- generated: NAME -->` and `<!-- end generated -->` in a doc;
+NAME is a key of GENERATORS. docs/configuration.md as a whole comes from
+`python -m training.config --markdown` (tests/test_config.py checks it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PART = re.compile(r"(<!-- generated: (\S+) -->\n)(.*?)(<!-- end generated -->)", re.S)
+MEMORY_PROFILES = (("1gpu_h100", 1), ("h100", 8), ("16gpu_h100", 16), ("64gpu_h100", 64), ("a800", 8))
+
+
+def memory_table() -> str:
+    """docs/performance.md: the dry run's estimate per rank for each GPU profile (training/memory.py)."""
+    from training.config import load_config
+    from training.memory import HEADROOM, estimate_memory
+
+    lines = ["| profile | activations (GB) | GPU per rank (GB, of 80) | host per rank (GB) | checkpoint folder (GB, all ranks) |",
+             "|---|---|---|---|---|"]
+    for profile, processes in MEMORY_PROFILES:
+        config = load_config(profile, num_processes=processes, check_paths=False)
+        estimate = estimate_memory(config)
+        above = " (above 90%)" if HEADROOM * config.gpu_memory_gb < estimate.gpu_gb else ""
+        lines.append(f"| `{profile}` ({config.n_frames} frames, batch {config.batch_size_per_gpu}) | "
+                     f"{estimate.gpu['activations']:.1f} | {estimate.gpu_gb:.1f}{above} | {estimate.host_gb:.1f} | "
+                     f"{estimate.checkpoint_gb:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+GENERATORS = {"memory-table": memory_table}
+
+
+def updated(text: str, cache: dict) -> str:
+    def replace(match: re.Match) -> str:
+        name = match.group(2)
+        if name not in GENERATORS:
+            raise SystemExit(f"unknown generated part {name!r}: one of {', '.join(GENERATORS)}")
+        if name not in cache:
+            cache[name] = GENERATORS[name]()
+        return match.group(1) + cache[name] + match.group(4)
+
+    return PART.sub(replace, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 naming the stale docs")
+    args = parser.parse_args(argv)
+    cache: dict = {}
+    stale = []
+    for doc in [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]:
+        text = doc.read_text()
+        new = updated(text, cache)
+        if new != text:
+            stale.append(str(doc.relative_to(REPO_ROOT)))
+            if not args.check:
+                doc.write_text(new)
+    if args.check and stale:
+        print(f"out of date: {', '.join(stale)}: run python -m scripts.generate_docs", file=sys.stderr)
+        return 1
+    for doc in [] if args.check else stale:
+        print(f"updated {doc}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

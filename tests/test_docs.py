@@ -1,0 +1,73 @@
+"""The docs do what they say: every block marked runnable in README.md and docs/*.md runs here,
+and every generated part of a doc is current.
+
+Marks (an HTML comment on the line before a fenced block, invisible on GitHub):
+  <!-- runnable -->             a bash block that exits 0 on a CPU machine
+  <!-- runnable exit=1 -->      ... that exits with this code (a dry run on a machine without the inputs)
+  <!-- runnable file=PATH -->   a block whose text is written to PATH (a config file the next commands use)
+The blocks run in the order of RUNNABLE_DOCS and of the file, as one user would, in a scratch copy
+of the repository (a block may use what an earlier one made, e.g. output/latest), with `python`
+being this interpreter and a free MASTER_PORT.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT, SHARED, free_port
+
+RUNNABLE_DOCS = ["README.md", "docs/quickstart.md", "docs/launching.md", "docs/training.md", "docs/performance.md",
+                 "docs/configuration.md", "docs/data.md", "docs/evaluation.md", "docs/model.md", "docs/benchmarks.md",
+                 "docs/reliability.md", "docs/troubleshooting.md", "docs/architecture.md"]
+MARK = re.compile(r"^<!-- runnable(?: (exit|file)=(\S+))? -->\n```(\w+)\n(.*?)^```$", re.M | re.S)
+
+
+def runnable_blocks() -> list[tuple[str, str, str, str]]:
+    """(doc, mark kind, mark value, block text) in the order a user reads them."""
+    blocks = []
+    for doc in RUNNABLE_DOCS:
+        for match in MARK.finditer((REPO_ROOT / doc).read_text()):
+            kind, value, _, text = match.groups()
+            blocks.append((doc, kind or "exit", value or "0", text))
+    return blocks
+
+
+def test_every_doc_is_listed_so_its_runnable_blocks_run():
+    docs = {"README.md"} | {f"docs/{p.name}" for p in (REPO_ROOT / "docs").glob("*.md")}
+    assert docs == set(RUNNABLE_DOCS)
+    assert len(runnable_blocks()) >= 8
+
+
+@pytest.mark.slow
+def test_the_runnable_blocks_of_the_docs_run_as_documented(tmp_path):
+    scratch = tmp_path / "repo"
+    shutil.copytree(REPO_ROOT, scratch, ignore=shutil.ignore_patterns(".git", ".venv", "output", "data", "gpu_check",
+                                                                      "__pycache__", ".pytest_cache", "*.egg-info"))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(sys.executable)
+    env = {**os.environ, "PYTHON": sys.executable, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    if SHARED.is_dir():  # ../shared beside the scratch copy too
+        (tmp_path / "shared").symlink_to(SHARED)
+    for doc, kind, value, text in runnable_blocks():
+        if "../shared" in text and not SHARED.is_dir():
+            continue  # a fresh clone without ../shared: the blocks that read it cannot run
+        if kind == "file":
+            (scratch / value).write_text(text)
+            continue
+        result = subprocess.run(["bash", "-c", text], cwd=scratch, env={**env, "MASTER_PORT": str(free_port())},
+                                capture_output=True, text=True, timeout=600)
+        where = f"{doc}:\n{text}\nexit {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}"
+        assert result.returncode == int(value), where
+        assert "Traceback" not in result.stderr, where
+
+
+def test_generated_parts_of_the_docs_are_current():
+    result = subprocess.run([sys.executable, "-m", "scripts.generate_docs", "--check"], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
