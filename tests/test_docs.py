@@ -50,7 +50,8 @@ def test_the_runnable_blocks_of_the_docs_run_as_documented(tmp_path):
                                                                       "__pycache__", ".pytest_cache", "*.egg-info"))
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "python").symlink_to(sys.executable)
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')  # a venv's python, also as `python`
+    (bin_dir / "python").chmod(0o755)
     env = {**os.environ, "PYTHON": sys.executable, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     if SHARED.is_dir():  # ../shared beside the scratch copy too
         (tmp_path / "shared").symlink_to(SHARED)
