@@ -33,8 +33,17 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
-gpu-check: $(STAMP)
-	$(PY) -m scripts.gpu_check --out gpu_check
+# gpu-check runs in the Python a GPU machine was set up with, when there is one: PY=... given on the
+# command line, else the active conda env (environment.yml); building .venv there would install a
+# second torch, possibly not the CUDA build. Otherwise it sets up .venv like demo and test.
+ifeq ($(origin PY),command line)
+GPU_CHECK_PY := $(PY)
+else ifneq ($(CONDA_PREFIX),)
+GPU_CHECK_PY := $(CONDA_PREFIX)/bin/python
+endif
+
+gpu-check: $(if $(GPU_CHECK_PY),,$(STAMP))
+	$(or $(GPU_CHECK_PY),$(PY)) -m scripts.gpu_check --out gpu_check
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -28,6 +28,7 @@ import resource
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -404,7 +405,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if problem:
             raise ValueError(problem)
-        student, weights = load_student(args.model, args.variant)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            student, weights = load_student(args.model, args.variant)
+        for warning in caught:  # e.g. weights whose variant cannot be told: one line each, without source lines
+            print(f"warning: {warning.message}", file=sys.stderr)
         paths = clip_paths(args.videos) if args.videos else held_out_clips(args.held_out_of)
         reference = None
         if args.ref_vae:

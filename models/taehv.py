@@ -7,8 +7,9 @@ Conventions (same as the public TAEHV weights):
   so that public files (`taehv.pth`, `taecvx.pth`, `taew2_1.pth`, ...) load with strict=True.
 
 The model is built from explicit arguments (variant, patch size, latent channels, time and space
-flags, decoder kind, chunking); nothing here looks at file names. `TAEHV.from_pretrained` infers
-what it can from tensor shapes and reads `model_info.json` beside the file for the rest.
+flags, decoder kind, chunking). `TAEHV.from_pretrained` infers what it can from tensor shapes and
+reads `model_info.json` beside the file for the rest; without one, a public file name
+(`taecvx.pth`) picks among the variants whose shapes the file has.
 
 Frame arithmetic comes from the time factors and the chunk rule, never from literal counts. It is
 available on `TAEHVArgs` without building a model (`VARIANTS["taeh3"].latent_frame_count(22)`,
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import asdict, replace
@@ -476,10 +478,11 @@ class TAEHV(nn.Module):
         decoder kind and time flags come from the tensor shapes, and a `model_info.json` beside the
         file (written by our exports) supplies what shapes cannot tell, such as the CogVideoX
         trim rule. A file whose shapes fit taehv/taecvx/taew2_1/taeos1_3 alike and has no
-        model_info.json loads as the generic "taehv" variant: pass variant="taecvx" for CogVideoX.
-        LTX files load as "taeltx_2" (taeltx2_3 has the same shapes; the wide decoder is told by its
-        widths). A taeh3 file is refused without variant or model_info.json: its chunking changes
-        every frame count and no tensor shows it.
+        model_info.json loads as the variant its public file name names (`taecvx.pth`,
+        `taew2_1_ema.safetensors`); with another name, as the generic "taehv" with a warning that
+        names variant=. LTX files load likewise as "taeltx2_3" or "taeltx_2" (same shapes; the wide
+        decoder is told by its widths). A taeh3 file not named so is refused without variant or
+        model_info.json: its chunking changes every frame count and no tensor shows it.
         """
         path = Path(path)
         state_dict = load_state_dict_file(path)
@@ -584,13 +587,39 @@ def infer_args_from_state_dict(state_dict: dict[str, torch.Tensor], source: Path
             f"{source}: no known TAEHV variant has patch_size={patch_size}, latent_channels={latent_channels}, "
             f"decoder={decoder_kind}; pass variant=... and overrides explicitly"
         )
-    chunked = [a.variant for a in matches if a.chunk is not None]
-    if chunked:  # guessing would silently change every frame count
-        raise ValueError(
-            f"{source}: patch_size={patch_size}, latent_channels={latent_channels} is variant {chunked[0]!r}, whose "
-            f"time chunking no tensor shows: pass variant={chunked[0]!r} or keep {MODEL_INFO_FILENAME} beside the file"
-        )
-    return replace(matches[0], encoder_time_downscale=encoder_time, decoder_time_upscale=decoder_time)
+    named = variant_named_by_file(source, [a.variant for a in matches])
+    if named is not None:
+        chosen = VARIANTS[named]
+    else:
+        chunked = [a.variant for a in matches if a.chunk is not None]
+        if chunked:  # guessing would silently change every frame count
+            raise ValueError(
+                f"{source}: patch_size={patch_size}, latent_channels={latent_channels} is variant {chunked[0]!r}, whose "
+                f"time chunking no tensor shows: pass variant={chunked[0]!r} or keep {MODEL_INFO_FILENAME} beside the file"
+            )
+        chosen = matches[0]
+        if len(matches) > 1:  # e.g. taecvx loaded as taehv would lose the CogVideoX trim rule: say so
+            other_rules = [a.variant for a in matches if a.frame_rule() != chosen.frame_rule()]
+            warnings.warn(
+                f"{source}: its shapes fit {', '.join(a.variant for a in matches)} alike and neither its file name nor a "
+                f"{MODEL_INFO_FILENAME} beside it says which: loaded as {chosen.variant!r}"
+                + (f" ({', '.join(other_rules)} would decode other frame counts)" if other_rules else "")
+                + "; if it is another, pass variant=... (inference.py: --variant)",
+                stacklevel=3,
+            )
+    return replace(chosen, encoder_time_downscale=encoder_time, decoder_time_upscale=decoder_time)
+
+
+# Our exports are named taehv.pth whatever their variant, so that name alone tells nothing.
+EXPORT_FILE_STEM = "taehv"
+
+
+def variant_named_by_file(path: Path | str, candidates: list[str]) -> str | None:
+    """The candidate a public file name names: its stem is the variant, alone or followed by a
+    separator (`taecvx.pth`, `taew2_1.safetensors`, `taecvx_ema.pth`); the longest such name wins."""
+    stem = Path(str(path)).name.split(".")[0].lower()
+    named = [v for v in candidates if v != EXPORT_FILE_STEM and (stem == v or (stem.startswith(v) and stem[len(v)] in "_-"))]
+    return max(named, key=len) if named else None
 
 
 def narrow_tgrow_weights(model: TAEHV, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

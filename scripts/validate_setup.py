@@ -2,6 +2,8 @@
 
     scripts/validate_setup.sh [NGPU PROFILE] [--set key=value ...]
 
+Without NGPU PROFILE it checks the machine: the GPUs it has (NCCL and driver when CUDA sees
+one), the video decoders, then the config, data and disk rows of the `cpu` profile.
 Useful on a CPU machine too: GPU checks WARN there instead of failing.
 """
 
@@ -62,7 +64,8 @@ def check_packages(report: Report) -> None:
         report.add("PASS" if ok else "FAIL", f"package {name}", f"{installed} (needs >= {lower})")
 
 
-def check_gpus(report: Report, ngpu: int, cpu_profile: bool) -> None:
+def check_gpus(report: Report, ngpu: int | None, cpu_profile: bool) -> None:
+    """ngpu None: no profile was named, so the machine's GPUs are reported without a count to meet."""
     import torch
 
     report.add("PASS", "torch", f"{torch.__version__} (CUDA build {torch.version.cuda or 'none'})")
@@ -70,11 +73,15 @@ def check_gpus(report: Report, ngpu: int, cpu_profile: bool) -> None:
         report.add("PASS", "GPUs", "CPU profile: no GPU needed")
         return
     if not torch.cuda.is_available():
-        report.add("WARN", "GPUs", f"no CUDA GPU visible; this profile needs {ngpu}")
+        needs = "only the cpu and test profiles can run" if ngpu is None else f"this profile needs {ngpu}"
+        report.add("WARN", "GPUs", f"no CUDA GPU visible; {needs}")
         return
     count = torch.cuda.device_count()
     names = sorted({torch.cuda.get_device_name(i) for i in range(count)})
-    report.add("PASS" if count >= ngpu else "FAIL", "GPUs", f"{count} visible ({', '.join(names)}), {ngpu} needed")
+    if ngpu is None:
+        report.add("PASS", "GPUs", f"{count} visible ({', '.join(names)})")
+    else:
+        report.add("PASS" if count >= ngpu else "FAIL", "GPUs", f"{count} visible ({', '.join(names)}), {ngpu} needed")
     report.add("PASS", "NCCL", ".".join(map(str, torch.cuda.nccl.version())))
     try:
         driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
@@ -82,6 +89,32 @@ def check_gpus(report: Report, ngpu: int, cpu_profile: bool) -> None:
         report.add("PASS", "driver", driver)
     except (OSError, IndexError, subprocess.SubprocessError):
         report.add("WARN", "driver", "nvidia-smi not available")
+
+
+def check_codecs(report: Report) -> None:
+    """Can PyAV decode the codecs training clips come in? A wheel or FFmpeg build may lack some."""
+    import av
+
+    def readable(name: str) -> bool:
+        try:
+            av.codec.Codec(name, "r")
+            return True
+        except ValueError:  # av's UnknownCodecError
+            return False
+
+    missing = [label for label, name in (("H.264", "h264"), ("HEVC", "hevc")) if not readable(name)]
+    notes = []
+    if not any(readable(name) for name in ("libdav1d", "libaom-av1")):
+        # FFmpeg's native av1 decoder works only with hardware acceleration, which decoding here does not use.
+        missing.append("AV1")
+        if readable("av1"):
+            notes.append("only FFmpeg's native av1 decoder, which needs hardware acceleration")
+    if not missing:
+        report.add("PASS", "codecs", "PyAV decodes H.264, HEVC, AV1")
+        return
+    # Without H.264 almost no clip decodes; the others only matter for data stored in them.
+    status = "FAIL" if "H.264" in missing else "WARN"
+    report.add(status, "codecs", f"PyAV {av.__version__} cannot decode {', '.join(missing)}" + "".join(f" ({n})" for n in notes))
 
 
 def check_config(report: Report, profile: str, ngpu: int, overrides: list[str]):
@@ -129,12 +162,14 @@ def check_weights(report: Report, config) -> None:
         report.add("PASS", "pretrained", config.pretrained_model_path)
     else:
         report.add("PASS", "pretrained", "training from scratch")
-    if config.use_ref_vae:
-        local = Path(config.ref_vae_path).exists()
-        report.add("PASS" if local else "WARN", "reference VAE",
-                   config.ref_vae_path + ("" if local else " (hub id: needs network or a filled cache)"))
-    else:
+    if not config.use_ref_vae:
         report.add("PASS", "reference VAE", "autoencoder mode: none needed")
+    elif config.latent_cache:  # the loop then never loads it, so its path is not checked either
+        report.add("PASS", "reference VAE", f"not loaded: latents come from the cache {config.latent_cache}")
+    else:
+        # the config check passed, so a path that is no local folder is a hub id found in the Hugging Face cache
+        local = Path(config.ref_vae_path).exists()
+        report.add("PASS", "reference VAE", config.ref_vae_path + ("" if local else " (hub id, in the Hugging Face cache)"))
 
 
 def check_disk(report: Report, config) -> None:
@@ -169,15 +204,20 @@ def check_network(report: Report) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("ngpu", nargs="?", type=int, default=1)
-    parser.add_argument("profile", nargs="?", default="cpu")
+    parser.add_argument("ngpu", nargs="?", type=int)
+    parser.add_argument("profile", nargs="?")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
+    if args.ngpu is not None and args.profile is None:
+        parser.error("give NGPU and PROFILE together, or neither to check the machine")
+    # No profile named: the GPU rows describe the machine; config, data and disk use the cpu profile.
+    profile, ngpu = args.profile or "cpu", args.ngpu or 1
     report = Report()
     report.add("PASS" if sys.version_info >= (3, 10) else "FAIL", "python", sys.version.split()[0])
     check_packages(report)
-    check_gpus(report, args.ngpu, args.profile in ("cpu", "test"))
-    config = check_config(report, args.profile, args.ngpu, args.overrides)
+    check_gpus(report, None if args.profile is None else ngpu, args.profile in ("cpu", "test"))
+    check_codecs(report)
+    config = check_config(report, profile, ngpu, args.overrides)
     if config is not None:
         check_data(report, config)
         check_weights(report, config)

@@ -136,7 +136,16 @@ def test_public_format_file_needs_variant_only_when_ambiguous(setup, tmp_path):
     common = ["--videos", str(videos / "sample_0002.mp4"), "--frames", "9", "--height", "32", "--width", "48", "--no-media"]
     result = run_inference("--model", str(public), *common, "--out", str(tmp_path / "a"))
     assert result.returncode == 0, result.stderr
-    assert json.loads((tmp_path / "a" / "report.json").read_text())["model"]["variant"] in ("taecvx", "taehv")
+    # the public file name tells taecvx (and its trim rule) among the variants with these shapes
+    assert json.loads((tmp_path / "a" / "report.json").read_text())["model"]["variant"] == "taecvx"
+    assert "warning" not in result.stderr
+    anonymous = tmp_path / "weights.pth"
+    anonymous.write_bytes(public.read_bytes())
+    result = run_inference("--model", str(anonymous), *common, "--out", str(tmp_path / "d"))
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "d" / "report.json").read_text())["model"]["variant"] == "taehv"
+    warning = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warning) == 1 and "taecvx" in warning[0] and "--variant" in warning[0]
     result = run_inference("--model", str(public), "--variant", "taecvx", *common, "--out", str(tmp_path / "b"))
     assert json.loads((tmp_path / "b" / "report.json").read_text())["model"]["variant"] == "taecvx"
     wrong = run_inference("--model", str(public), "--variant", "taehv1_5", *common, "--out", str(tmp_path / "c"))

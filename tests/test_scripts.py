@@ -42,6 +42,39 @@ def test_validate_setup_table(tmp_path):
     assert "WARN  GPUs" in bad.stdout  # a CPU machine warns about GPUs instead of failing
 
 
+def test_validate_setup_without_arguments_checks_the_machine(tmp_path):
+    script = str(REPO_ROOT / "scripts" / "validate_setup.sh")
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "MASTER_PORT": "29518"}
+    result = subprocess.run([script, "--set", f"output_dir={tmp_path}"], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # The GPU row describes the machine, not the cpu profile's "no GPU needed".
+    gpus = re.search(r"^(PASS|WARN)  GPUs +(.*)$", result.stdout, re.M)
+    assert gpus and "CPU profile" not in gpus.group(2)
+    assert ("PASS  NCCL" in result.stdout) == torch.cuda.is_available()
+    assert "PASS  codecs" in result.stdout and "H.264, HEVC, AV1" in result.stdout  # the requirements' PyAV wheel
+    assert "PASS  config" in result.stdout and "cpu:" in result.stdout
+
+
+def test_validate_setup_codecs_row_names_what_is_missing(monkeypatch):
+    import av
+
+    from scripts.validate_setup import Report, check_codecs
+
+    real = av.codec.Codec
+
+    def only_native_av1(name, mode="r"):
+        if name != "av1":
+            raise ValueError(name)
+        return real(name, mode)
+
+    monkeypatch.setattr(av.codec, "Codec", only_native_av1)
+    report = Report()
+    check_codecs(report)
+    ((status, check, detail),) = report.rows
+    assert (status, check) == ("FAIL", "codecs")
+    assert "H.264, HEVC, AV1" in detail and "native av1 decoder" in detail
+
+
 def test_training_step_benchmark_writes_phases_and_plot(tmp_path):
     from scripts.make_sample_videos import make_sample_videos
 

@@ -1,4 +1,5 @@
 import json
+import warnings
 
 import pytest
 import torch
@@ -107,12 +108,14 @@ def test_state_dict_keys_and_shapes_match_spec(taehv_spec, variant):
 def test_spec_shaped_file_loads_strict_with_and_without_variant(taehv_spec, tmp_path, suffix, variant):
     entry = taehv_spec[variant]
     state_dict = random_state_dict(entry["state_dict"])
-    path = tmp_path / f"{variant}{suffix}"
-    if suffix == ".pth":
-        torch.save(state_dict, path)
-    else:
-        save_file(state_dict, str(path))
+    public, path = tmp_path / f"{variant}{suffix}", tmp_path / f"weights{suffix}"  # the public name; one telling nothing
+    for file in (public, path):
+        if suffix == ".pth":
+            torch.save(state_dict, file)
+        else:
+            save_file(state_dict, str(file))
     named = TAEHV.from_pretrained(path, variant=variant)
+    assert TAEHV.from_pretrained(public).args == named.args  # the public file name tells the variant
     if named.args.chunk is not None:  # shapes cannot show the chunking: refused, then model_info.json
         with pytest.raises(ValueError, match=f"pass variant='{variant}' or keep model_info.json"):
             TAEHV.from_pretrained(path)
@@ -149,8 +152,9 @@ def test_truncated_file_is_a_clear_error(tmp_path):
 
 def test_model_info_supplies_what_shapes_cannot_tell(tmp_path):
     source = TAEHV("taecvx")
-    torch.save(source.state_dict(), tmp_path / "taehv.pth")
-    assert TAEHV.from_pretrained(tmp_path / "taehv.pth").variant == "taehv"  # shapes alone: generic
+    torch.save(source.state_dict(), tmp_path / "taehv.pth")  # the name of every export: it tells nothing
+    with pytest.warns(UserWarning, match=r"loaded as 'taehv' \(taecvx would decode other frame counts\); .*--variant"):
+        assert TAEHV.from_pretrained(tmp_path / "taehv.pth").variant == "taehv"  # shapes alone: generic, said so
     write_model_info(source, tmp_path, step=10)
     model = TAEHV.from_pretrained(tmp_path / "taehv.pth")
     assert model.variant == "taecvx" and model.args.cogvideox_trim_rule
@@ -168,17 +172,45 @@ def test_disabled_time_upscale_keeps_last_time_step_of_tgrow(tmp_path):
 
 
 def test_shapes_tell_ltx_and_wide_but_not_h3(tmp_path):
+    path = tmp_path / "weights.pth"  # a name that tells nothing: shapes alone
     for variant, inferred_as in [("taeltx_2", "taeltx_2"), ("taeltx2_3", "taeltx_2"), ("taeltx2_3_wide", "taeltx2_3_wide")]:
-        path = tmp_path / f"{variant}.pth"
         torch.save(TAEHV(variant).state_dict(), path)
         model = TAEHV.from_pretrained(path)
         assert model.args == VARIANTS[inferred_as]  # taeltx2_3 has taeltx_2's shapes: only the name differs
-    torch.save(TAEHV("taeh3").state_dict(), tmp_path / "taeh3.pth")
+    torch.save(TAEHV("taeh3").state_dict(), path)
     with pytest.raises(ValueError) as error:
-        TAEHV.from_pretrained(tmp_path / "taeh3.pth")
+        TAEHV.from_pretrained(path)
     message = str(error.value)
     assert "\n" not in message and "variant='taeh3'" in message and "model_info.json" in message
-    assert TAEHV.from_pretrained(tmp_path / "taeh3.pth", variant="taeh3").args.chunking == "minimax_h3"
+    assert TAEHV.from_pretrained(path, variant="taeh3").args.chunking == "minimax_h3"
+
+
+@pytest.mark.parametrize("name, source, expected", [
+    ("taecvx.pth", "taecvx", "taecvx"),  # CogVideoX's trim rule comes with the name
+    ("taew2_1.safetensors", "taew2_1", "taew2_1"),
+    ("taeos1_3.pth", "taeos1_3", "taeos1_3"),
+    ("taecvx_ema.pth", "taecvx", "taecvx"),
+    ("taeltx2_3.pth", "taeltx2_3", "taeltx2_3"),
+    ("taeh3.pth", "taeh3", "taeh3"),
+])
+def test_public_file_names_tell_variants_with_the_same_shapes(tmp_path, name, source, expected):
+    path = tmp_path / name
+    state_dict = TAEHV(source).state_dict()
+    if name.endswith(".safetensors"):
+        save_file(state_dict, str(path))
+    else:
+        torch.save(state_dict, path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a name that tells is not a guess: no warning
+        model = TAEHV.from_pretrained(path)
+    assert model.args == VARIANTS[expected]
+
+
+def test_a_file_name_never_overrides_the_shapes(tmp_path):
+    path = tmp_path / "taehv1_5.pth"  # names a patch-2 variant, holds patch-1 weights
+    torch.save(TAEHV("taecvx").state_dict(), path)
+    with pytest.warns(UserWarning, match="taehv, taecvx, taew2_1, taeos1_3 alike"):
+        assert TAEHV.from_pretrained(path).variant == "taehv"
 
 
 # (variant, frames, square size): sizes are the smallest each variant takes (latents of 1x1)
