@@ -96,7 +96,7 @@ def processes_of(pid: int, role: str) -> list:
             command = " ".join(process.cmdline())
         except Exception:  # exited while being listed
             continue
-        is_agent = "accelerate.commands.launch" in command
+        is_agent = "training.launch" in command  # the launchers run accelerate launch through training/launch.py
         if "taehv_train.py" in command and is_agent == (role == "agent"):
             found.append(process)
     return found
