@@ -165,7 +165,7 @@ class Speed:
     def summary(self) -> dict:
         out = {f"{k}_frames_per_second": round(self.frames[k] / self.seconds[k], 3) if self.seconds[k] else None
                for k in self.seconds}
-        out["peak_gpu_memory_gb"] = round(self.peak_bytes / 2**30, 3) if self.device.type == "cuda" else None
+        out["peak_gpu_memory_gb"] = round(self.peak_bytes / 1e9, 3)  # GB of 1e9 bytes, as training/memory.py if self.device.type == "cuda" else None
         return out
 
 

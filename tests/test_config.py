@@ -114,10 +114,10 @@ def test_wrong_process_count_and_missing_paths_are_named(tmp_path):
     with pytest.raises(ConfigError, match=r"data_root='/nonexistent' is not a folder"):
         load_config("h100", ["pretrained_model_path=", f"ref_vae_path={vae_folder(tmp_path)}", "data_root=/nonexistent",
                              "perceptual_weight=0"])
-    with pytest.raises(ConfigError, match="ref_vae_path='./missing' is not a local folder: copy the diffusers cogvideox pipeline there \(e.g. huggingface-cli download THUDM/CogVideoX-2b"):
+    with pytest.raises(ConfigError, match="ref_vae_path='./missing' is not a local folder: put the diffusers cogvideox pipeline in a local folder and set ref_vae_path to it \(e.g. hf download THUDM/CogVideoX-2b --include 'vae/\*' --local-dir ./missing\)"):
         load_config("h100", ["pretrained_model_path=", f"data_root={tmp_path}", "ref_vae_path=./missing"])
     with pytest.raises(ConfigError, match=r"ref_vae_path='someone/missing-vae' is no local folder and not in the Hugging Face "
-                                          r"cache: .* \(huggingface-cli download someone/missing-vae --include 'vae/\*'\)"):
+                                          r"cache: .* \(hf download someone/missing-vae --include 'vae/\*'\)"):
         load_config("h100", ["pretrained_model_path=", f"data_root={tmp_path}", "ref_vae_path=someone/missing-vae"])
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match=r"ref_vae_path='.*empty' holds no config.json \(nor vae/config.json\)"):

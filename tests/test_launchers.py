@@ -211,6 +211,42 @@ def test_ctrl_c_checkpoints_and_the_printed_command_continues_the_same_run(tmp_p
     assert after and all(abs(lr - 3e-4) < 1e-9 for lr in after)  # float32 in the event file
 
 
+def test_sigkill_of_the_launchers_process_group_leaves_nothing_behind_and_the_run_resumes(tmp_path, synthetic_clips):
+    """The launcher owns its processes: `kill -9 -<pgid>` (an OOM killer's group kill, a scheduler)
+    ends the agent and both ranks within seconds, frees the master port and the run folder's
+    lock; while the run lives, a second training on its folder is refused in one line."""
+    import psutil
+
+    run_dir, port = tmp_path / "run", str(free_port())
+    args = [LAUNCHER, "2", "test", "--output-dir", str(run_dir), "--set", f"data_root={synthetic_clips}", "--max-steps", "500",
+            "--set", "checkpointing_steps=2", "--set", "validation_steps=100"]
+    launcher = subprocess.Popen(args, cwd=REPO_ROOT, env={**os.environ, "PYTHON": sys.executable, "MASTER_PORT": port},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 180
+    while not (run_dir / "checkpoints" / "checkpoint-2").is_dir():
+        assert launcher.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    second = run(args + ["--resume", "latest"], {"MASTER_PORT": str(free_port())})
+    assert second.returncode == 2, second.stderr[-3000:]
+    assert re.fullmatch(rf"resume error: run folder {run_dir} is in use by the training process \d+ on \S+: wait for it to "
+                        r"end or stop it, or choose another --output-dir", second.stderr.strip()), second.stderr
+
+    os.killpg(launcher.pid, signal.SIGKILL)
+    launcher.wait()
+    deadline, alive = time.monotonic() + 10, [None]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.5)
+        alive = [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])]
+    assert not alive, [p.info["cmdline"] for p in alive]
+
+    step = max(int(p.name.split("-")[1]) for p in (run_dir / "checkpoints").glob("checkpoint-*"))
+    extended = [str(step + 1) if a == "500" else a for a in args]
+    resumed = run(extended + ["--resume", "latest"], {"MASTER_PORT": port})  # the same port: it was freed
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from {run_dir}/checkpoints/checkpoint-{step} at step {step}" in resumed.stdout
+    assert f"resume changes max_steps: 500 -> {step + 1}" in resumed.stdout
+
+
 def to_legacy_layout(folder: Path) -> None:
     """A checkpoint as runs wrote them before named state files: accelerate's positional
     custom_checkpoint_<i>.pkl, and rank 0's replay buffer and random state inside Seraena's."""

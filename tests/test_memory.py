@@ -61,3 +61,13 @@ def test_a_profile_over_its_gpu_memory_is_refused_with_the_fix():
     assert budget_problem(bigger, estimate_memory(bigger)) == ""
     with pytest.raises(ConfigError, match="gpu_memory_gb=0.0 must be positive"):
         load_config("h100", ["gpu_memory_gb=0"], 8, check_paths=False)
+
+
+def test_the_configs_make_gpu_check_runs_load_on_cpu():
+    """tests/test_gpu.py's memory check and scripts/gpu_check.py's benchmark profile must resolve
+    here: a config refused before anything runs would fail `make gpu-check` only on the GPU machine."""
+    from test_gpu import MEMORY_CHECK_SETS
+
+    config = load_config("test", MEMORY_CHECK_SETS, num_processes=1, check_paths=False)
+    assert config.zero_stage == 2 and config.mixed_precision == "bf16" and config.n_frames == 8
+    assert load_config("h100", [], 8, check_paths=False).batch_size_per_gpu > 0  # scripts.benchmark --profile h100

@@ -529,8 +529,10 @@ def input_problems(c: TrainConfig) -> list[str]:
     if c.pretrained_model_path:
         path = Path(c.pretrained_model_path)
         if not path.is_file():
-            problems.append(f"pretrained_model_path={c.pretrained_model_path!r} does not exist: copy the public "
-                            f"{c.model_variant} weights file there, fix the path, or set it to '' to train from scratch")
+            where = ("copy the public weights of that name there" if path.stem == c.model_variant else
+                     f"set it to the public {c.model_variant} weights (e.g. pretrained_model_path=checkpoints/{c.model_variant}.pth)")
+            problems.append(f"pretrained_model_path={c.pretrained_model_path!r} does not exist: {where}, fix the path, "
+                            "or set it to '' to train from scratch")
         elif unreadable(path):
             problems.append(f"pretrained_model_path={c.pretrained_model_path!r} cannot be read: fix its permissions")
     if c.latent_cache:
@@ -546,20 +548,21 @@ def input_problems(c: TrainConfig) -> list[str]:
     elif c.use_ref_vae:
         folder = Path(c.ref_vae_path)
         public = PUBLIC_PIPELINES.get(c.ref_vae_family)
-        example = (f" (e.g. huggingface-cli download {public} --include 'vae/*' --local-dir {c.ref_vae_path})"
-                   if public else "")
         default = TrainConfig.__dataclass_fields__["ref_vae_path"].default
+        local = c.ref_vae_path if c.ref_vae_path != default or not public else f"pretrained/{public.split('/')[-1]}"
+        example = (f" (e.g. hf download {public} --include 'vae/*' --local-dir {local}"
+                   + ("" if local == c.ref_vae_path else f", then --set ref_vae_path={local}") + ")" if public else "")
         if folder.is_dir():
             if not (folder / "config.json").is_file() and not (folder / "vae" / "config.json").is_file():
                 problems.append(f"ref_vae_path={c.ref_vae_path!r} holds no config.json (nor vae/config.json): point it at "
                                 f"the diffusers {c.ref_vae_family} pipeline folder or its vae/ subfolder")
         elif not HUB_ID.match(c.ref_vae_path) or c.ref_vae_path == default:  # the default names a local folder
-            problems.append(f"ref_vae_path={c.ref_vae_path!r} is not a local folder: copy the diffusers "
-                            f"{c.ref_vae_family} pipeline there{example}, or point ref_vae_path at yours")
+            problems.append(f"ref_vae_path={c.ref_vae_path!r} is not a local folder: put the diffusers "
+                            f"{c.ref_vae_family} pipeline in a local folder and set ref_vae_path to it{example}")
         elif not hub_model_is_cached(c.ref_vae_path):  # every rank of every node would download it at start
             problems.append(f"ref_vae_path={c.ref_vae_path!r} is no local folder and not in the Hugging Face cache: copy "
                             f"the diffusers {c.ref_vae_family} pipeline there, or download it once on each node "
-                            f"(huggingface-cli download {c.ref_vae_path} --include 'vae/*')")
+                            f"(hf download {c.ref_vae_path} --include 'vae/*')")
     if not c.sample_data:
         root = Path(c.data_root)
         if not root.is_dir():

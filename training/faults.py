@@ -137,18 +137,13 @@ def backward_out_of_memory(run: TrainingRun, reducing: bool) -> tuple[None, str,
 
 
 def die_with_launcher() -> None:
-    """A rank whose torchrun agent dies (SIGKILL, the OOM killer) would otherwise train on as an
-    orphan beside the restarted job, writing into the same run folder: ask Linux to SIGKILL this
-    process when its parent goes. The last checkpoint is the resume point either way."""
-    if sys.platform != "linux" or "LOCAL_RANK" not in os.environ:
-        return
-    import ctypes
-    import signal
+    """A rank whose agent dies (SIGKILL, the OOM killer) would otherwise train on as an orphan
+    beside the restarted job, writing into the same run folder: Linux SIGKILLs it when its parent
+    goes. The last checkpoint is the resume point either way."""
+    from training.launch import UNDER_AGENT, die_with_parent
 
-    parent = os.getppid()
-    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # the parent went before the request took effect
-        os.kill(os.getpid(), signal.SIGKILL)
+    if "LOCAL_RANK" in os.environ or UNDER_AGENT in os.environ:  # torchrun's ranks; our agent's one process
+        die_with_parent()
 
 
 def shorten_collective_timeout(run: TrainingRun) -> None:

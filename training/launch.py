@@ -14,6 +14,7 @@ that names the rank and where the report is.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 
 LOG_NAME = "launch.log"
+UNDER_AGENT = "TAEHV_UNDER_AGENT"  # set for the training processes this agent starts
 EXPLAINED = (2, 3, 4)  # exit codes whose one-line reason the training printed itself
 
 
@@ -55,7 +57,23 @@ def keep_report(run_dir: Path | None, lines: list[str], started: float) -> str:
     return str(path)
 
 
+def die_with_parent() -> None:
+    """Linux SIGKILLs this process when its parent goes, by any signal. The launcher owns its agent
+    this way (a SIGKILL of the launcher's process group does not reach the agent's own group), and
+    each rank its agent (training/faults.py die_with_launcher)."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent went before the request took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent()
+    os.environ[UNDER_AGENT] = "1"
     from accelerate.commands.launch import launch_command, launch_command_parser
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 

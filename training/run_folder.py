@@ -106,6 +106,10 @@ def load_run(profile_or_path: str, overrides: list[str] | None = None, num_proce
     """The config this launch trains with and where. Raises ConfigError with one line."""
     values, set_values, source = launch_values(profile_or_path, overrides)
     run_dir = choose_run_dir(output_dir, str(values.get("output_dir", "")), resume)
+    holder = run_folder_holder(run_dir)
+    if holder:
+        raise ResumeError(f"run folder {run_dir} is in use by the training {holder}: wait for it to end or stop it, "
+                          "or choose another --output-dir")
     resume_from = find_resume_checkpoint(resume, run_dir) if resume else None
     own_overrides = {key: value for key, value in set_values.items() if key != "output_dir"}
     launch = {"profile": profile_or_path, "source": source, "overrides": own_overrides}
@@ -163,10 +167,52 @@ def _write_json(path: Path, value: dict) -> None:
     temporary.replace(path)
 
 
+LOCK = ".lock"
+_held_locks: list = []  # open lock files: the lock lasts as long as this process
+
+
+def run_folder_holder(run_dir: Path) -> str:
+    """'process PID on HOST' when a training holds the run folder's lock, else ''."""
+    import fcntl
+
+    try:
+        with open(run_dir / LOCK) as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return lock.read().strip() or "another process"
+    except OSError:  # no lock file: no training ever held it
+        pass
+    return ""
+
+
+def lock_run_folder(run_dir: Path) -> None:
+    """Rank 0 holds <run>/.lock while it trains (the kernel releases it when the process ends, a
+    SIGKILL included): a second training on the same folder is refused in one line."""
+    import fcntl
+    import socket
+
+    lock = open(run_dir / LOCK, "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "another process"
+        lock.close()
+        raise ResumeError(f"run folder {run_dir} is in use by the training {holder}: wait for it to end or stop it, "
+                          "or choose another --output-dir") from None
+    lock.truncate(0)
+    lock.write(f"process {os.getpid()} on {socket.gethostname()}\n")
+    lock.flush()
+    _held_locks.append(lock)
+
+
 def record_run(run: Run) -> None:
-    """Rank 0, once the inputs passed: resolved_config.json and launch.json. A resume that changed
-    nothing leaves them as they are; a changed one keeps the previous resolved config beside."""
+    """Rank 0, once the inputs passed: the run folder's lock, resolved_config.json and launch.json.
+    A resume that changed nothing leaves them as they are; a changed one keeps the previous
+    resolved config beside."""
     run.run_dir.mkdir(parents=True, exist_ok=True)
+    lock_run_folder(run.run_dir)
     if run.restored and not run.changes:
         return
     if run.restored:

@@ -60,11 +60,12 @@ def skip_counts(accelerator, failures) -> dict:
 
 
 def memory_gb(device) -> float:
+    """Peak memory in GB of 1e9 bytes, the unit of training/memory.py's estimate and gpu_memory_gb."""
     import resource
 
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # kB -> GB (peak RSS)
+        return torch.cuda.max_memory_allocated(device) / 1e9
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # peak RSS, in kB
 
 
 def start_profiler(run_dir: Path, rank: int):
