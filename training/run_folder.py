@@ -168,13 +168,15 @@ def _write_json(path: Path, value: dict) -> None:
 
 
 LOCK = ".lock"
-_held_locks: list = []  # open lock files: the lock lasts as long as this process
+_held_locks: dict = {}  # run folder -> its open lock file: the lock lasts as long as this process
 
 
 def run_folder_holder(run_dir: Path) -> str:
-    """'process PID on HOST' when a training holds the run folder's lock, else ''."""
+    """'process PID on HOST' when another training holds the run folder's lock, else ''."""
     import fcntl
 
+    if run_dir.resolve() in _held_locks:  # this process: a test, or a library user running twice
+        return ""
     try:
         with open(run_dir / LOCK) as lock:
             try:
@@ -192,6 +194,8 @@ def lock_run_folder(run_dir: Path) -> None:
     import fcntl
     import socket
 
+    if run_dir.resolve() in _held_locks:
+        return
     lock = open(run_dir / LOCK, "a+")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -204,7 +208,7 @@ def lock_run_folder(run_dir: Path) -> None:
     lock.truncate(0)
     lock.write(f"process {os.getpid()} on {socket.gethostname()}\n")
     lock.flush()
-    _held_locks.append(lock)
+    _held_locks[run_dir.resolve()] = lock
 
 
 def record_run(run: Run) -> None:
