@@ -37,7 +37,32 @@ def memory_table() -> str:
     return "\n".join(lines) + "\n"
 
 
-GENERATORS = {"memory-table": memory_table}
+def flops_table() -> str:
+    """docs/performance.md: FLOPs of one h100 micro-step per GPU by part (training/step_flops.py,
+    as `python -m scripts.benchmark --profile h100 --dry-run` prints them) and the ceilings."""
+    from training.config import load_config
+    from training.step_flops import step_flops
+
+    spec_peak = 989e12  # H100 SXM, dense bf16 (scripts/benchmark.py SPEC_PEAK_FLOPS)
+    config = load_config("h100", num_processes=8, check_paths=False)
+    flops = step_flops(config)
+    names = {"student": "student (encode, decode of the reference latents, round trip; forward + backward)",
+             "lpips": "LPIPS (forward, backward to the frames)", "seraena": "Seraena (discriminator step, correction)",
+             "reference": "reference VAE encode (CogVideoX-2b architecture)"}
+    lines = [f"h100 profile ({config.model_variant}, {config.batch_size_per_gpu} clips x {config.n_frames} frames x "
+             f"{config.height}x{config.width} per GPU, {config.mixed_precision}, all five loss terms), per", "micro-step per GPU:",
+             "", "| part | TFLOP | share |", "|---|---|---|"]
+    lines += [f"| {label} | {flops[part] / 1e12:.1f} | {flops[part] / flops['total']:.1%} |" for part, label in names.items()]
+    cached = flops["total"] - flops["reference"]
+    lines += [f"| **total** | **{flops['total'] / 1e12:.1f}** | |", "",
+              f"At H100 SXM's spec dense bf16 peak ({spec_peak / 1e12:.0f} TFLOP/s) that is "
+              f"{config.batch_size_per_gpu / (flops['total'] / spec_peak):.1f} clips/s per GPU with the reference",
+              f"on the fly and {config.batch_size_per_gpu / (cached / spec_peak):.1f} with latents from the cache "
+              f"({cached / 1e12:.1f} TFLOP): the ceilings."]
+    return "\n".join(lines) + "\n"
+
+
+GENERATORS = {"memory-table": memory_table, "flops-table": flops_table}
 
 
 def updated(text: str, cache: dict) -> str:
