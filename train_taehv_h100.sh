@@ -51,6 +51,7 @@ if [[ "$PROFILE" == "custom" ]]; then
   [[ -f "$CONFIG_PATH" ]] || die "config file not found: $CONFIG_PATH"
 fi
 
+USER_OPTIONS=("$@")  # repeated in a staged run's "continue" line: the stages not started yet need them too
 RESUME=""; OUTPUT_DIR=""; MAX_STEPS=""; DEBUG=0; TORCH_PROFILE=0; DRY_RUN=0; SETS=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -140,7 +141,9 @@ run_stages() {
     trap - TERM INT HUP
     (( status == 0 )) || return "$status"
     if [[ ! -f "$stage_dir/FINISHED" ]]; then
-      echo "stopped in stage $k ($name); continue the staged run with: $0 $NGPU $PROFILE${CONFIG_PATH:+ $CONFIG_PATH} --output-dir $OUTPUT_DIR"
+      local again=("$0" "$NGPU" "$PROFILE" ${CONFIG_PATH:+"$CONFIG_PATH"} "${USER_OPTIONS[@]+"${USER_OPTIONS[@]}"}")
+      [[ " ${USER_OPTIONS[*]+"${USER_OPTIONS[*]}"} " == *" --output-dir "* ]] || again+=(--output-dir "$OUTPUT_DIR")
+      echo "stopped in stage $k ($name); continue the staged run with:$(printf ' %q' "${again[@]}")"
       return 0
     fi
     previous="$stage_dir"

@@ -72,9 +72,12 @@ def test_scale_augmented_training_clips_keep_their_size_and_differ_from_plain_cr
 
 def test_a_staged_run_interrupted_in_stage_two_resumes_there(public_weights, tmp_path):
     """Stage 1 at 32x32, stage 2 at 48x48, the encoder frozen in both; a stop during stage 2, then
-    the same command: stage 1 is not run again, stage 2 continues from its checkpoint."""
+    the printed command (the user's own options again): stage 1 is not run again, stage 2 continues
+    from its checkpoint."""
     import json
     import os
+    import re
+    import shlex
     import subprocess
     import sys
 
@@ -95,20 +98,23 @@ overrides = dict(
     run_dir = tmp_path / "run"
     command = [str(REPO_ROOT / "train_taehv_h100.sh"), "1", "custom", str(config), "--output-dir", str(run_dir)]
 
-    def launch(extra_env):
+    def launch(command, extra_env):
         env = {**os.environ, "PYTHON": sys.executable, "MASTER_PORT": str(free_port()), **extra_env}
         return subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=400)
 
-    first = launch({"TAEHV_FAULT_STOP_AT_STEP": "2"})  # stage 1 has 1 step; stage 2 stops during its step 2
+    # stage 1 has 1 step; stage 2 stops during its step 2; a --set applies to every stage
+    first = launch(command + ["--set", "seed=7"], {"TAEHV_FAULT_STOP_AT_STEP": "2"})
     assert first.returncode == 0, first.stderr[-3000:]
-    assert "stopped in stage 2 (high); continue the staged run with:" in first.stdout, first.stdout[-3000:]
+    printed = re.search(r"stopped in stage 2 \(high\); continue the staged run with: (.*)", first.stdout)
+    assert printed, first.stdout[-3000:]
+    assert shlex.split(printed.group(1)) == command + ["--set", "seed=7"]  # the user's options, repeated
     assert (run_dir / "stage1-low" / "FINISHED").exists() and not (run_dir / "final").exists()
-    second = launch({})
+    second = launch(shlex.split(printed.group(1)), {})
     assert second.returncode == 0, second.stderr[-3000:]
     assert "stage 1 (low): finished earlier" in second.stdout and "at step 2" in second.stdout
     assert "Step 3/3" in second.stdout and "all 2 stages done" in second.stdout
     stage2 = json.loads((run_dir / "stage2-high" / "resolved_config.json").read_text())
-    assert (stage2["height"], stage2["learning_rate"], stage2["stage"]) == (48, 1e-3, 2)
+    assert (stage2["height"], stage2["learning_rate"], stage2["stage"], stage2["seed"]) == (48, 1e-3, 2, 7)
     assert stage2["pretrained_model_path"] == str(run_dir / "stage1-low" / "final" / "taehv.pth")
     exported = torch.load(run_dir / "final" / "taehv.pth", weights_only=True)  # the last stage's export
     public = torch.load(public_weights, weights_only=True)
