@@ -99,6 +99,7 @@ SET_ARGS=(); for item in "${SETS[@]+"${SETS[@]}"}"; do SET_ARGS+=(--set "$item")
 # output/<timestamp>) and, when resuming a recorded run, that run's own settings (training/run_folder.py).
 SHELL_ARGS=(); (( DRY_RUN )) && SHELL_ARGS=(--no-check-paths)
 (( CPU_PROFILE )) && SHELL_ARGS+=(--cpu-profile)  # no torch import in this step
+[[ "$MACHINE_RANK" == "0" ]] && SHELL_ARGS+=(--refuse-busy-run-folder)  # another training holds the run folder
 RUN_ARGS=(--num-processes "$TOTAL_PROCESSES" --output-dir "$OUTPUT_DIR" --resume "$RESUME" "${SET_ARGS[@]+"${SET_ARGS[@]}"}")
 RESOLVED="$("$PYTHON" -m training.config "$CONFIG" "${RUN_ARGS[@]}" "${SHELL_ARGS[@]+"${SHELL_ARGS[@]}"}" --shell)" || exit 2
 eval "$RESOLVED"

@@ -340,22 +340,22 @@ def launch_values(profile_or_path: str, overrides: list[str] | None = None) -> t
     return values, set_values, source
 
 
-QUICK_TRIAL_CAPPED = ("warmup_steps", "log_every", "validation_steps", "checkpointing_steps")
+CAPPED_TO_MAX_STEPS = ("warmup_steps", "log_every", "validation_steps", "checkpointing_steps")
 
 
 def build_config(values: dict, num_processes: int | None = None, check_paths: bool = True,
                  max_steps_given: bool = False, notes: list[str] | None = None) -> TrainConfig:
-    """Validated TrainConfig with derived values from every settable key's value. `max_steps_given`
-    (--max-steps or --set max_steps on the command line) makes it a quick trial: the warm-up and
-    every interval are capped to max_steps, and `notes` says which."""
+    """Validated TrainConfig with derived values from every settable key's value. The warm-up and
+    every interval are capped to max_steps when a stage sets it (at least one of each at its end)
+    or the command line does (`max_steps_given`: a quick trial, which `notes` reports)."""
     config = TrainConfig(**values)
     config.num_processes = num_processes if num_processes is not None else (config.supported_num_gpus or (1,))[0]
-    if max_steps_given:
-        capped = [f"{key} {getattr(config, key)} -> {config.max_steps}" for key in QUICK_TRIAL_CAPPED
+    if max_steps_given or (config.stages and config.stage):
+        capped = [f"{key} {getattr(config, key)} -> {config.max_steps}" for key in CAPPED_TO_MAX_STEPS
                   if getattr(config, key) > config.max_steps]
-        for key in QUICK_TRIAL_CAPPED:
+        for key in CAPPED_TO_MAX_STEPS:
             setattr(config, key, min(getattr(config, key), config.max_steps))
-        if capped and notes is not None:
+        if capped and max_steps_given and notes is not None:
             notes.append(f"max_steps={config.max_steps} caps {', '.join(capped)}")
     validate(config, check_paths=check_paths)
     resolve(config)
@@ -500,10 +500,7 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
             f"global_batch_size={c.global_batch_size} but batch_size_per_gpu {c.batch_size_per_gpu} x processes "
             f"{c.num_processes} x gradient_accumulation_steps {c.gradient_accumulation_steps} = {expected}: make them agree"
         )
-    if c.stages and c.stage:  # a stage's intervals are capped to its steps (at least one at its end)
-        for key in ("warmup_steps", "log_every", "validation_steps", "checkpointing_steps"):
-            setattr(c, key, min(getattr(c, key), c.max_steps))
-    for key in ("warmup_steps", "log_every", "validation_steps", "checkpointing_steps"):
+    for key in CAPPED_TO_MAX_STEPS:
         if getattr(c, key) > c.max_steps:
             raise ConfigError(f"{key}={getattr(c, key)} exceeds max_steps={c.max_steps}: lower it or raise max_steps")
     if not (ACCELERATE_CONFIG_DIR / c.accelerate_config).is_file():
@@ -616,13 +613,17 @@ def resolve(c: TrainConfig) -> None:
     c.mixed_precision = str(accelerate_file.get("mixed_precision", "no"))
 
 
-def write_resolved_config(config: TrainConfig, run_dir: Path) -> Path:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / "resolved_config.json"
-    temporary = path.with_suffix(".json.tmp")
-    temporary.write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+def write_json(path: Path, value: dict) -> Path:
+    """Whole-file write: a reader never sees half of it."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(value, indent=2) + "\n")
     temporary.replace(path)
     return path
+
+
+def write_resolved_config(config: TrainConfig, run_dir: Path) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return write_json(run_dir / "resolved_config.json", config.to_dict())
 
 
 def config_hash(config: TrainConfig) -> str:
@@ -691,6 +692,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-dir", default="", help="the run folder (as the launcher's --output-dir)")
     parser.add_argument("--resume", default="", help="as the launcher's --resume: a resume of a recorded run restores "
                         "its settings (training/run_folder.py)")
+    parser.add_argument("--refuse-busy-run-folder", action="store_true",
+                        help="exit 2 when a training holds the run folder (the launcher's first step on machine 0)")
     parser.add_argument("--no-check-paths", action="store_true", help="skip the existence checks of paths")
     parser.add_argument("--shell", action="store_true", help="print KEY=value lines for the launchers")
     parser.add_argument("--cpu-profile", action="store_true",
@@ -711,12 +714,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.profile:
         parser.error("a profile or config file is required")
-    from training.run_folder import load_run
+    from training.run_folder import check_not_in_use, load_run
 
     notes: list[str] = []
     try:
         run = load_run(args.profile, args.overrides, args.num_processes, args.output_dir, args.resume,
                        check_paths=not (args.no_check_paths or args.list_input_problems or args.dry_run_report), notes=notes)
+        if args.refuse_busy_run_folder:
+            check_not_in_use(run.run_dir)
         config = run.config
         legacy_notes: list[str] = []
         _, source = profile_overrides(args.profile, legacy_notes)

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 LOG_NAME = "launch.log"
@@ -31,11 +32,11 @@ class Recorder(logging.Handler):
 
     def __init__(self):
         super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
+        self.lines: deque[str] = deque(maxlen=2000)
         self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.lines = self.lines[-2000:] + [self.format(record)]
+        self.lines.append(self.format(record))
 
 
 def run_dir_of(training_args: list[str]) -> Path | None:
@@ -45,7 +46,7 @@ def run_dir_of(training_args: list[str]) -> Path | None:
     return None
 
 
-def keep_report(run_dir: Path | None, lines: list[str], started: float) -> str:
+def keep_report(run_dir: Path | None, lines, started: float) -> str:
     """Appends the agent's report to <run>/launch.log when this launch trained there (its train.log
     was written since `started`); '' otherwise: a refused start changes nothing in the folder."""
     trained = run_dir is not None and (run_dir / "train.log").is_file() and (run_dir / "train.log").stat().st_mtime >= started

@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 from training.config import (DERIVED_KEYS, SETTABLE_KEYS, ConfigError, ResumeError, TrainConfig, _check_type, build_config,
-                             launch_values, write_resolved_config)
+                             launch_values, write_json, write_resolved_config)
 
 # What a resume may change: how long the run goes and how often it reports and saves, how its data
 # is loaded, its limits and timeouts, switches that compute the same values, where the LPIPS files
@@ -88,11 +88,8 @@ def choose_run_dir(output_dir: str, config_output_dir: str, resume: str) -> Path
             raise ResumeError(f"--resume {resume} without --output-dir needs output/latest: no earlier run found; "
                               "pass the run folder with --output-dir")
         return Path("output") / os.readlink(latest) if latest.is_symlink() else latest
-    if resume:
-        checkpoint = Path(resume)
-        if not checkpoint.is_dir():
-            raise ResumeError(f"--resume {resume}: no such checkpoint folder")
-        return checkpoint.parent.parent
+    if resume:  # a checkpoint folder (find_resume_checkpoint checks it is one)
+        return Path(resume).parent.parent
     return Path(f"output/{datetime.now():%Y%m%d_%H%M%S}")
 
 
@@ -106,10 +103,6 @@ def load_run(profile_or_path: str, overrides: list[str] | None = None, num_proce
     """The config this launch trains with and where. Raises ConfigError with one line."""
     values, set_values, source = launch_values(profile_or_path, overrides)
     run_dir = choose_run_dir(output_dir, str(values.get("output_dir", "")), resume)
-    holder = run_folder_holder(run_dir)
-    if holder:
-        raise ResumeError(f"run folder {run_dir} is in use by the training {holder}: wait for it to end or stop it, "
-                          "or choose another --output-dir")
     resume_from = find_resume_checkpoint(resume, run_dir) if resume else None
     own_overrides = {key: value for key, value in set_values.items() if key != "output_dir"}
     launch = {"profile": profile_or_path, "source": source, "overrides": own_overrides}
@@ -161,14 +154,21 @@ def check_writable(run_dir: Path) -> None:
         raise ConfigError(f"output_dir={str(run_dir)!r} cannot be written (Permission denied): choose another --output-dir")
 
 
-def _write_json(path: Path, value: dict) -> None:
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(value, indent=2) + "\n")
-    temporary.replace(path)
-
-
 LOCK = ".lock"
 _held_locks: dict = {}  # run folder -> its open lock file: the lock lasts as long as this process
+
+
+def in_use(run_dir: Path, holder: str) -> ResumeError:
+    return ResumeError(f"run folder {run_dir} is in use by the training {holder}: wait for it to end or stop it, "
+                       "or choose another --output-dir")
+
+
+def check_not_in_use(run_dir: Path) -> None:
+    """The launcher's first step on the first machine: refuse a folder a training holds, before
+    anything starts (ranks do not check: rank 0 of this very launch may hold it already)."""
+    holder = run_folder_holder(run_dir)
+    if holder:
+        raise in_use(run_dir, holder)
 
 
 def run_folder_holder(run_dir: Path) -> str:
@@ -203,8 +203,7 @@ def lock_run_folder(run_dir: Path) -> None:
         lock.seek(0)
         holder = lock.read().strip() or "another process"
         lock.close()
-        raise ResumeError(f"run folder {run_dir} is in use by the training {holder}: wait for it to end or stop it, "
-                          "or choose another --output-dir") from None
+        raise in_use(run_dir, holder) from None
     lock.truncate(0)
     lock.write(f"process {os.getpid()} on {socket.gethostname()}\n")
     lock.flush()
@@ -224,7 +223,7 @@ def record_run(run: Run) -> None:
         previous = run.run_dir / RESOLVED
         previous.replace(run.run_dir / f"resolved_config.until-step-{step}.json")
     write_resolved_config(run.config, run.run_dir)
-    _write_json(run.run_dir / LAUNCH, run.launch)
+    write_json(run.run_dir / LAUNCH, run.launch)
     if run.run_dir.parent.name == "output" and DEFAULT_RUN.fullmatch(run.run_dir.name):
         point_latest_at(run.run_dir)
 
