@@ -198,9 +198,14 @@ def reference_run(work: Path, clips: Path, max_steps: int) -> dict:
     run_dir = work / "uninterrupted"
     process = start_run(run_dir, clips, max_steps, resume=False, output=work / "uninterrupted.out")
     if process.wait(timeout=900) != 0:
-        raise RuntimeError(f"the uninterrupted run failed: see {run_dir / 'train.log'}")
+        raise RuntimeError(f"the uninterrupted run failed: see {run_dir / 'train.log'}\n{tail(work / 'uninterrupted.out')}")
     checkpoint = max((run_dir / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     return {"dir": run_dir, "losses": dict(STEP_LINE.findall(log_text(run_dir))), "expected_files": files_of(checkpoint)}
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    """The end of a launcher's output, for an error message that explains itself."""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.is_file() else ""
 
 
 def weights_equal(a: Path, b: Path) -> bool:
@@ -238,8 +243,9 @@ def run_cycle(work: Path, number: int, clips: Path, max_steps: int, reference: d
         if fault is None:
             if process.wait(timeout=900) == 0 and (run_dir / "final" / "taehv.pth").is_file():
                 break
+            output = work / f"cycle-{number}-attempt-{attempt}.out"
             raise RuntimeError(f"cycle {number}: the run failed without an injected fault: see {run_dir / 'train.log'} "
-                               f"and {work / f'cycle-{number}-attempt-{attempt}.out'}")
+                               f"and {output}\n{tail(output)}")
         report["faults_injected"] += 1
         report["orphaned_processes"] += fault.get("orphans", 0)
         print(f"cycle {number} attempt {attempt}: {fault['kind']} {fault.get('moment', '')} -> exit {fault['exit_code']}, "

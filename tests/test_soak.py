@@ -22,6 +22,8 @@ def test_soak_survives_every_fault_without_losing_a_step(tmp_path):
     result = subprocess.run([sys.executable, "-m", "scripts.soak", "--minutes", "10", "--faults", "4", "--max-steps", "24",
                              "--work-dir", str(tmp_path / "work"), "--json", str(out)],
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+    # a soak that stopped on an error writes no report: show why
+    assert out.is_file(), (result.returncode, result.stdout[-3000:], result.stderr[-5000:])
     report = json.loads(out.read_text())
     assert result.returncode == 0, (report, result.stderr[-3000:])
     kinds = [fault["kind"] for fault in report["faults"]]
