@@ -276,8 +276,8 @@ while :; do
   wait "$CHILD" || STATUS=$?
   (( SIGNALLED && STATUS > 128 )) || break
 done
+RESUME_COMMAND="$0 $NGPU $PROFILE${CONFIG_PATH:+ $CONFIG_PATH} --output-dir $OUTPUT_DIR --resume latest"
 if [[ -f "$OUTPUT_DIR/STOPPED_CLEANLY" ]]; then
-  RESUME_COMMAND="$0 $NGPU $PROFILE${CONFIG_PATH:+ $CONFIG_PATH} --output-dir $OUTPUT_DIR --resume latest"
   echo "stopped cleanly: checkpoint $OUTPUT_DIR/checkpoints/$(cat "$OUTPUT_DIR/STOPPED_CLEANLY"); continue with: $RESUME_COMMAND"
   exit 0
 fi
@@ -285,5 +285,9 @@ fi
 if (( STATUS != 0 && SIGNALLED_EVER )) && [[ -f "$OUTPUT_DIR/FINISHED" ]]; then
   echo "finished before the stop request: $OUTPUT_DIR/final"
   exit 0
+fi
+# A run that failed after a checkpoint (a rank out of memory, a lost node): the way back, once fixed.
+if (( STATUS != 0 )) && compgen -G "$OUTPUT_DIR/checkpoints/checkpoint-*" > /dev/null; then
+  echo "the run stopped (exit $STATUS); once the cause above is fixed, continue with: $RESUME_COMMAND" >&2
 fi
 exit "$STATUS"

@@ -25,14 +25,14 @@ def memory_table() -> str:
     from training.config import load_config
     from training.memory import HEADROOM, estimate_memory
 
-    lines = ["| profile | activations (GB) | GPU per rank (GB, of 80) | host per rank (GB) | checkpoint folder (GB, all ranks) |",
+    lines = ["| profile | training step, measured (GB) | GPU per rank (GB, of 80) | host per rank (GB) | checkpoint folder (GB, all ranks) |",
              "|---|---|---|---|---|"]
     for profile, processes in MEMORY_PROFILES:
         config = load_config(profile, num_processes=processes, check_paths=False)
         estimate = estimate_memory(config)
         above = " (above 90%)" if HEADROOM * config.gpu_memory_gb < estimate.gpu_gb else ""
         lines.append(f"| `{profile}` ({config.n_frames} frames, batch {config.batch_size_per_gpu}) | "
-                     f"{estimate.gpu['activations']:.1f} | {estimate.gpu_gb:.1f}{above} | {estimate.host_gb:.1f} | "
+                     f"{estimate.gpu['training step']:.1f} | {estimate.gpu_gb:.1f}{above} | {estimate.host_gb:.1f} | "
                      f"{estimate.checkpoint_gb:.2f} |")
     return "\n".join(lines) + "\n"
 

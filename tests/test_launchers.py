@@ -263,7 +263,7 @@ def to_legacy_layout(folder: Path) -> None:
 
 
 def fingerprints(output: str) -> dict:
-    return dict(re.findall(r"rank (\d+) of 2: final weights fingerprint (\w+)", output))
+    return dict(re.findall(r"rank (\d+) of 2: final weights fingerprint ([0-9a-f]{16})", output))
 
 
 @pytest.mark.slow
@@ -276,7 +276,8 @@ def fingerprints(output: str) -> dict:
 def test_production_and_ddp_files_train_with_two_cpu_processes(accelerate_file, zero, tmp_path, synthetic_clips):
     """The real ZeRO stage and precision (bf16) of each production file, and plain DDP, under
     accelerate launch, with ranks that disagree: rank 1 alone runs out of memory (micro-step 2),
-    gets a NaN loss (micro-step 4) and fails to write the checkpoint of step 2, with Seraena on.
+    gets a NaN loss (micro-step 4) and fails to write the checkpoint of step 2 (inside DeepSpeed's
+    save under ZeRO), with Seraena on.
     Every fault costs one skipped step or checkpoint on both ranks; the run finishes with student
     and discriminator identical on both ranks; then resume. DDP accumulates 2 micro-steps per step
     (under no_sync, reduced at the window's end): identical ranks show the window's all-reduce."""
@@ -285,8 +286,11 @@ def test_production_and_ddp_files_train_with_two_cpu_processes(accelerate_file, 
     common = [LAUNCHER, "2", "test", "--output-dir", str(run_dir), "--set", f"data_root={synthetic_clips}",
               "--set", f"accelerate_config={accelerate_file}", "--set", "seraena_weight=0.1", "--set", "n_frames=8",
               "--set", f"gradient_accumulation_steps={accumulation}"]
+    # the checkpoint write fails where a full disk would: inside DeepSpeed's own save (the other rank
+    # waits in its closing barrier), or under DDP as this rank's first file
+    checkpoint_fault = "TAEHV_FAULT_CHECKPOINT_FAIL_STEPS" if zero == 0 else "TAEHV_FAULT_ENGINE_SAVE_FAIL_STEPS"
     faults = {"TAEHV_FAULT_RANK": "1", "TAEHV_FAULT_OOM_MICRO_STEPS": "2", "TAEHV_FAULT_NONFINITE_MICRO_STEPS": "4",
-              "TAEHV_FAULT_CHECKPOINT_FAIL_STEPS": "2"}
+              checkpoint_fault: "2"}
     where = "on rank 1"
     # the ZeRO-2 bf16 run exports without EMA: what it writes must be DeepSpeed's fp32 masters; and it
     # is a decoder-only fine-tune (docs/training.md#recipes): the frozen encoder leaves bit-equal
@@ -316,7 +320,7 @@ def test_production_and_ddp_files_train_with_two_cpu_processes(accelerate_file, 
     assert f"checkpoint at step 2 FAILED {where}" in first.stdout and "Step 4/4" in first.stdout
     prints = fingerprints(first.stdout + first.stderr)
     assert len(prints) == 2 and prints["0"] == prints["1"], prints  # both ranks hold the same weights
-    discriminator = dict(re.findall(r"rank (\d) of 2: seraena fingerprint (\w+)", first.stdout + first.stderr))
+    discriminator = dict(re.findall(r"rank (\d) of 2: seraena fingerprint ([0-9a-f]{16})", first.stdout + first.stderr))
     assert len(discriminator) == 2 and discriminator["0"] == discriminator["1"], discriminator
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["checkpoint-4"]
     if zero == 2:  # resume is the soak's and test_elastic's subject; here from a checkpoint of the older layout
@@ -344,23 +348,57 @@ def test_broken_clips_on_one_rank_stop_every_rank_with_one_message(tmp_path, syn
     assert "rank 1: " in output and "decode_error x" in output and "Step 2/6" in output and "Step 3/6" not in output
 
 
+def oom_run(tmp_path, synthetic_clips, name: str, accelerate_file: str, faults: dict) -> tuple:
+    """2 processes, Seraena on, 2 micro-steps per step under DDP; faults on rank 1 only. A stop must
+    come at once: step_timeout_s is far beyond the subprocess's own timeout."""
+    accumulation = 2 if accelerate_file == "ddp_cpu.yaml" else 1
+    result = run([LAUNCHER, "2", "test", "--set", f"data_root={synthetic_clips}", "--set", f"accelerate_config={accelerate_file}",
+                  "--set", f"gradient_accumulation_steps={accumulation}", "--set", "seraena_weight=0.1", "--set", "n_frames=8",
+                  "--set", "step_timeout_s=3600", "--set", "checkpointing_steps=1", "--max-steps", "3",
+                  "--output-dir", str(tmp_path / name)], {"TAEHV_FAULT_RANK": "1", **faults}, timeout=300)
+    return result, result.stdout + result.stderr
+
+
 @pytest.mark.slow
-def test_out_of_memory_in_one_ranks_backward_stops_the_job_with_advice(tmp_path, synthetic_clips):
-    """DDP, 2 micro-steps per step. Rank 1 alone runs out of memory in the backward of micro-step 1,
-    inside the accumulation window: that backward ran under no_sync (no all-reduce), so every rank
-    drops the window and goes on. Then in micro-step 3's backward, which ends the window: rank 0 is
-    already in its gradient all-reduce and cannot skip it, so the job stops with the advice, naming
-    rank 1, instead of hanging. (One process always drops the window: test_training's skip test.)"""
-    reducing = run([LAUNCHER, "2", "test", "--set", f"data_root={synthetic_clips}", "--set", "gradient_accumulation_steps=2",
-                    "--set", "seraena_weight=0.1", "--set", "n_frames=8", "--set", "step_timeout_s=60", "--max-steps", "3",
-                    "--output-dir", str(tmp_path / "reducing")],
-                   {"TAEHV_FAULT_RANK": "1", "TAEHV_FAULT_BACKWARD_OOM_MICRO_STEPS": "1,3"}, timeout=240)
-    assert reducing.returncode != 0
+def test_out_of_memory_inside_one_ranks_backward_drops_the_window_for_real(tmp_path, synthetic_clips):
+    """DDP, 2 micro-steps per step. Rank 1 alone runs out of memory inside autograd (a gradient hook:
+    the micro-step's other gradients are written by then) in micro-step 1, inside the accumulation
+    window, under no_sync: every rank drops the window and goes on. The partial gradients must not
+    leak: the final weights equal those of the same run whose fault comes before the backward."""
+    inside, output = oom_run(tmp_path, synthetic_clips, "inside", "ddp_cpu.yaml",
+                             {"TAEHV_FAULT_BACKWARD_OOM_MICRO_STEPS": "1", "TAEHV_FAULT_OOM_IN_AUTOGRAD": "1"})
+    assert inside.returncode == 0, output[-3000:]
     assert ("out of memory on rank 1 (in a backward before this micro-step; its accumulated gradients dropped) at "
-            "micro-step 2 (step 1): skipped on all ranks") in reducing.stdout, reducing.stdout[-3000:]
-    assert ("stopped on rank 1: out of memory in the backward of micro-step 3 on rank 1: the other ranks are inside the "
-            "gradient all-reduce") in reducing.stderr, reducing.stderr[-3000:]
-    assert "Lower batch_size_per_gpu" in reducing.stderr
+            "micro-step 2 (step 1): skipped on all ranks") in inside.stdout, output[-3000:]
+    before, before_output = oom_run(tmp_path, synthetic_clips, "before", "ddp_cpu.yaml", {"TAEHV_FAULT_BACKWARD_OOM_MICRO_STEPS": "1"})
+    assert before.returncode == 0, before_output[-3000:]
+    prints, expected = fingerprints(output), fingerprints(before_output)
+    assert len(prints) == 2 and prints == expected, (prints, expected)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("accelerate_file, faults, phase, micro_step", [
+    # the backward that ends a DDP window all-reduces: rank 0 is inside it
+    ("ddp_cpu.yaml", {"TAEHV_FAULT_BACKWARD_OOM_MICRO_STEPS": "4", "TAEHV_FAULT_OOM_IN_AUTOGRAD": "1"}, "backward", 4),
+    # every DeepSpeed backward reduces; Seraena's discriminator step all-reduces before the backward
+    pytest.param("deepspeed_cpu.yaml", {"TAEHV_FAULT_BACKWARD_OOM_MICRO_STEPS": "2", "TAEHV_FAULT_OOM_IN_AUTOGRAD": "1"},
+                 "backward", 2, marks=needs_compiler),
+    pytest.param("deepspeed_zero3_cpu.yaml", {"TAEHV_FAULT_SERAENA_OOM_MICRO_STEPS": "2"}, "Seraena step", 2,
+                 marks=needs_compiler),
+])
+def test_out_of_memory_in_a_collective_phase_stops_every_rank_with_advice(accelerate_file, faults, phase, micro_step,
+                                                                          tmp_path, synthetic_clips):
+    """Rank 1 alone runs out of memory where rank 0 is already inside a collective of the same
+    step: the step cannot be skipped, so the job stops at once (not after step_timeout_s) with one
+    message from rank 1 naming it and the advice, one line from rank 0, no traceback, and the
+    command that continues from the last checkpoint."""
+    result, output = oom_run(tmp_path, synthetic_clips, "run", accelerate_file, faults)
+    assert result.returncode in (3, 4), output[-3000:]
+    assert (f"stopped on rank 1: out of memory in the {phase} of micro-step {micro_step} on rank 1: the other ranks are "
+            "inside its collectives, so this step cannot be skipped") in result.stderr, output[-3000:]
+    assert "Lower batch_size_per_gpu" in result.stderr and "Traceback" not in output, output[-3000:]
+    assert "stopped on rank 0: a collective broke at step 2 because another rank left the job" in result.stderr, output[-3000:]
+    assert f"continue with: {LAUNCHER} 2 test --output-dir {tmp_path / 'run'} --resume latest" in result.stderr
 
 
 @pytest.mark.slow

@@ -1,44 +1,37 @@
-"""The memory estimate (training/memory.py): its scaling checked against counted bytes, every
-shipped GPU profile inside its device, and a profile that is not refused with the fix."""
+"""The memory estimate (training/memory.py): the step measured on fake tensors against the same
+step on real ones, every shipped GPU profile within 90% of its device, and a profile that does
+not fit refused with the fix."""
 
 from __future__ import annotations
 
 import pytest
 
 from training.config import ConfigError, available_profiles, load_config
-from training.memory import PROBE_SIDE, budget_problem, estimate_memory, saved_activation_bytes
+from training.memory import HEADROOM, budget_problem, estimate_memory, measure_step
 
 GPU_PROFILES = {"1gpu_h100": 1, "h100": 8, "16gpu_h100": 16, "64gpu_h100": 64, "a800": 8}
 
 
-@pytest.mark.parametrize("batch, frames_size", [(2, (96, 128)), (1, (128, 160))])
-def test_activation_estimate_matches_the_bytes_counted_at_other_shapes(batch, frames_size):
-    """Scaled from the probe (1 clip at PROBE_SIDE^2), the estimate must be within 25% of the
-    saved-tensor bytes counted directly at a shape with other batch, height and width."""
-    config = load_config("h100", [], 8, check_paths=False)  # bf16, every loss term, the reference decode
-    probe = saved_activation_bytes(config, 1, config.n_frames, PROBE_SIDE, PROBE_SIDE)
-    height, width = frames_size
-    estimated = probe / (PROBE_SIDE * PROBE_SIDE) * batch * height * width
-    counted = saved_activation_bytes(config, batch, config.n_frames, height, width)
-    assert abs(estimated - counted) / counted < 0.25, (estimated, counted)
-
-
-@pytest.mark.parametrize("overrides", [[], ["gradient_checkpointing=true"]])
-def test_the_fast_fp32_count_matches_a_bf16_forward(overrides):
-    """The probe runs in fp32 (bf16 convolutions are ~20x slower on CPUs) and counts what the
-    student's forward saves at bf16 size: within 2% of the bytes a bf16 forward saves."""
+@pytest.mark.parametrize("overrides", [[], ["gradient_checkpointing=true"], ["channels_last=false", "seraena_weight=0"]])
+def test_the_fake_tensor_peak_matches_the_same_step_on_real_tensors(overrides):
+    """The h100 step (bf16, channels_last, every loss term, Seraena's discriminator step) at a small
+    shape: measured on fake tensors as the dry run does at full shape, and run for real, the peaks
+    agree within 10% (fake tensors must allocate what the real kernels allocate, layouts included)."""
     config = load_config("h100", overrides, 8, check_paths=False)
-    fast = saved_activation_bytes(config, 1, config.n_frames, 32, 32)
-    exact = saved_activation_bytes(config, 1, config.n_frames, 32, 32, exact=True)
-    assert abs(fast - exact) / exact < 0.02, (fast, exact)
+    fake_weights, fake_peak = measure_step(config, fake=True, batch=2, height=48, width=64)
+    real_weights, real_peak = measure_step(config, fake=False, batch=2, height=48, width=64)
+    assert fake_weights == real_weights
+    assert abs(fake_peak - real_peak) / real_peak < 0.10, (fake_peak, real_peak)
 
 
-def test_gradient_checkpointing_and_fewer_loss_terms_need_less():
+def test_the_step_grows_with_the_clips_and_shrinks_with_checkpointing_and_fewer_terms():
     full = load_config("h100", [], 8, check_paths=False)
     checkpointed = load_config("h100", ["gradient_checkpointing=true"], 8, check_paths=False)
     no_reference_decode = load_config("h100", ["decoder_weight=0", "seraena_weight=0", "perceptual_weight=0"], 8, check_paths=False)
-    sizes = [saved_activation_bytes(c, 1, 9, 32, 32) for c in (full, checkpointed, no_reference_decode)]
+    sizes = [measure_step(c, batch=2, height=64, width=64)[1] for c in (full, checkpointed, no_reference_decode)]
     assert sizes[0] > sizes[1] and sizes[0] > sizes[2]
+    weights, doubled = measure_step(full, batch=4, height=64, width=64)
+    assert doubled - weights > 1.5 * (sizes[0] - weights)  # twice the clips: most of the step doubles
 
 
 def test_every_shipped_gpu_profile_fits_its_device():
@@ -47,7 +40,7 @@ def test_every_shipped_gpu_profile_fits_its_device():
         config = load_config(profile, [], processes, check_paths=False)
         estimate = estimate_memory(config)
         assert budget_problem(config, estimate) == "", profile
-        assert 10 < estimate.gpu_gb <= config.gpu_memory_gb, (profile, estimate.gpu)
+        assert 10 < estimate.gpu_gb <= HEADROOM * config.gpu_memory_gb, (profile, estimate.gpu)  # the margin we ship with
         assert estimate.host_gb < 64 and estimate.checkpoint_gb > 0
 
 

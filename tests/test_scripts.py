@@ -102,7 +102,7 @@ def test_profile_benchmark_counts_the_whole_h100_step_without_running_it(tmp_pat
                                cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr[-2000:]
     report = json.loads(out.read_text())
-    assert report["shape"] == {"batch_per_gpu": 8, "frames": 9, "height": 480, "width": 720, "variant": "taecvx",
+    assert report["shape"] == {"batch_per_gpu": 4, "frames": 9, "height": 480, "width": 720, "variant": "taecvx",
                                "precision": "bf16"}
     parts = report["flops_per_micro_step"]
     assert set(parts) == {"student", "lpips", "seraena", "reference", "total"}

@@ -278,8 +278,8 @@ def test_distillation_runs_with_each_reference_family(name, tiny_vae_folders, cl
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"distilling from {family}" in result.stdout
     output = result.stdout + result.stderr
-    student = dict(re.findall(r"rank (\d+) of \d+: final weights fingerprint (\w+)", output))
-    discriminator = dict(re.findall(r"rank (\d+) of \d+: seraena fingerprint (\w+)", output))
+    student = dict(re.findall(r"rank (\d+) of \d+: final weights fingerprint ([0-9a-f]{16})", output))
+    discriminator = dict(re.findall(r"rank (\d+) of \d+: seraena fingerprint ([0-9a-f]{16})", output))
     assert len(student) == len(discriminator) == processes
     assert len(set(student.values())) == len(set(discriminator.values())) == 1  # identical on every rank
     model = TAEHV.from_pretrained(run_dir / "final" / "taehv.pth")  # model_info.json tells the variant
@@ -309,15 +309,32 @@ def test_missing_reference_vae_is_an_error_not_a_silent_fallback(clips, tmp_path
 def test_nonfinite_and_oom_steps_are_skipped_then_too_many_stop_the_run(clips, tmp_path, monkeypatch):
     monkeypatch.setenv("TAEHV_FAULT_NONFINITE_MICRO_STEPS", "2")
     monkeypatch.setenv("TAEHV_FAULT_OOM_MICRO_STEPS", "4")
-    monkeypatch.setenv("TAEHV_FAULT_BACKWARD_OOM_MICRO_STEPS", "5")  # one process: its gradients are dropped
+    # one process, raised as its backward starts: its gradients are dropped (one from inside a DDP
+    # backward that reduces stops the run instead: test_launchers' out-of-memory tests)
+    monkeypatch.setenv("TAEHV_FAULT_BACKWARD_OOM_MICRO_STEPS", "5")
+    monkeypatch.setenv("TAEHV_FAULT_CUDNN_ERROR_MICRO_STEPS", "7")  # cuDNN's allocation failure, a RuntimeError
+    monkeypatch.setenv("TAEHV_FAULT_WRITE_FAILS", "history,best_model,final")  # rank 0's own writes, each once
     once = launch(1, tmp_path / "once", [f"data_root={clips}"])
-    assert once.returncode == 0, once.stderr[-3000:]
-    log = (tmp_path / "once" / "train.log").read_text()
+    run_dir = tmp_path / "once"
+    assert once.returncode == 3, once.stderr[-3000:]  # the export failed: the run says so and how to export again
+    assert (f"stopped on rank 0: the export to {run_dir / 'final'} failed on rank 0: [Errno 28] No space left on device "
+            "(injected: final at step 4); the checkpoint checkpoint-4 is complete: free space, then --resume latest exports") in once.stderr
+    assert f"continue with: {REPO_ROOT / 'train_taehv_h100.sh'} 1 test --output-dir {run_dir} --resume latest" in once.stderr
+    log = (run_dir / "train.log").read_text()
+    assert "validation_history.json not updated at step 2: [Errno 28]" in log and "NOT saved: [Errno 28]" in log
+    history = json.loads((run_dir / "validation_history.json").read_text())
+    assert [entry["step"] for entry in history] == [4] and (run_dir / "best_model" / "taehv.pth").is_file()
+    assert not (run_dir / "final").exists() and not list(run_dir.glob(".tmp-*"))  # nothing half-written
+    monkeypatch.delenv("TAEHV_FAULT_WRITE_FAILS")
+    exported = launch(1, run_dir, [], resume="latest")
+    assert exported.returncode == 0 and (run_dir / "final" / "taehv.pth").is_file(), exported.stderr[-3000:]
     assert "non-finite loss on rank 0 at micro-step 2 (step 2): skipped on all ranks (1 so far, 1 in a row)" in log
     assert "out of memory on rank 0 at micro-step 4 (step 3): skipped on all ranks (1 so far, 1 in a row)" in log
     assert ("out of memory on rank 0 (in a backward before this micro-step; its accumulated gradients dropped) at "
             "micro-step 6 (step 3): skipped on all ranks (2 so far, 2 in a row)") in log
-    monkeypatch.delenv("TAEHV_FAULT_BACKWARD_OOM_MICRO_STEPS")
+    assert "out of memory on rank 0 at micro-step 7 (step 3): skipped on all ranks (3 so far, 3 in a row)" in log
+    for name in ("TAEHV_FAULT_BACKWARD_OOM_MICRO_STEPS", "TAEHV_FAULT_CUDNN_ERROR_MICRO_STEPS"):
+        monkeypatch.delenv(name)
     assert "Step 4/4" in log
     monkeypatch.delenv("TAEHV_FAULT_NONFINITE_MICRO_STEPS")
     monkeypatch.setenv("TAEHV_FAULT_OOM_MICRO_STEPS", "1,2,3")

@@ -10,6 +10,8 @@ folder and renamed, so a crash mid-save never leaves a folder that resume would 
 
 from __future__ import annotations
 
+import contextlib
+
 import hashlib
 import json
 import os
@@ -94,14 +96,7 @@ def save_checkpoint(run: TrainingRun, step: int) -> Path | None:
     error = writable_problem(temporary, injected=step in run.faults.checkpoint_fail_steps)
     agreed = agree(accelerator, failed=bool(error))
     if not agreed:
-        try:
-            accelerator.save_state(str(temporary))
-            save_full_state(accelerator, run.model, run.optimizer, config, run.progress.micro_step, temporary)
-            save_stateful_objects(run, temporary)
-            if run.seraena is not None:  # each rank's own replay buffer and random state
-                torch.save(run.seraena.rank_state_dict(), temporary / seraena_rank_file(accelerator.process_index))
-        except OSError as failure:  # after the collective parts (DDP) or a rank's own files
-            error = str(failure)
+        error = save_every_part(run, temporary, step)
         agreed = agree(accelerator, failed=bool(error))
     if agreed:
         if error:
@@ -124,6 +119,57 @@ def save_checkpoint(run: TrainingRun, step: int) -> Path | None:
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
+
+
+def save_every_part(run: TrainingRun, temporary: Path, step: int) -> str:
+    """Writes the checkpoint's parts into `temporary`; returns this rank's first write error, or ''.
+    Every rank runs every part, a failed one included, so the collectives inside the parts match
+    (DeepSpeed's save gathers and ends in a barrier; the full state is gathered after it)."""
+    accelerator = run.accelerator
+    errors = []
+    try:
+        with run.faults.in_engine_save(run.model, step), engine_writes_recorded(run.model, errors):
+            accelerator.save_state(str(temporary))
+    except OSError as failure:  # accelerate's own files (DDP: the model, optimizer, random states)
+        errors.append(str(failure))
+    parts = [lambda: save_full_state(accelerator, run.model, run.optimizer, run.config, run.progress.micro_step, temporary),
+             lambda: save_stateful_objects(run, temporary)]
+    if run.seraena is not None:  # each rank's own replay buffer and random state
+        parts.append(lambda: torch.save(run.seraena.rank_state_dict(), temporary / seraena_rank_file(accelerator.process_index)))
+    for part in parts:
+        try:
+            part()
+        except OSError as failure:
+            errors.append(str(failure))
+    return errors[0] if errors else ""
+
+
+@contextlib.contextmanager
+def engine_writes_recorded(engine, errors: list):
+    """DeepSpeed's save runs collectives between its file writes (parameter gathers under ZeRO-3,
+    a closing barrier): a write that raised on one rank would leave the others waiting in them.
+    While this is active its writes record their OSError in `errors` and return, so every rank
+    runs the whole save and the ranks agree on the failure afterwards."""
+    checkpoint_engine = getattr(engine, "checkpoint_engine", None)
+    if checkpoint_engine is None:  # not a DeepSpeed engine
+        yield
+        return
+    write, own = checkpoint_engine.save, "save" in vars(checkpoint_engine)
+
+    def recorded(*args, **kwargs):
+        try:
+            return write(*args, **kwargs)
+        except OSError as failure:
+            errors.append(str(failure))
+
+    checkpoint_engine.save = recorded
+    try:
+        yield
+    finally:
+        if own:
+            checkpoint_engine.save = write
+        else:
+            del checkpoint_engine.save
 
 
 def stateful_objects(run: TrainingRun) -> dict:
@@ -228,10 +274,14 @@ def export_model(accelerator, weights: dict, taehv: TAEHV, folder: Path, step: i
     weights = {k: v.detach().float().cpu().contiguous() for k, v in weights.items()}
     temporary = folder.with_name(f".tmp-{folder.name}")
     shutil.rmtree(temporary, ignore_errors=True)
-    temporary.mkdir(parents=True)
-    torch.save(weights, temporary / "taehv.pth")
-    save_file(weights, str(temporary / "taehv.safetensors"))
-    write_model_info(taehv, temporary, step=step, metrics=metrics, **info)
+    try:
+        temporary.mkdir(parents=True)
+        torch.save(weights, temporary / "taehv.pth")
+        save_file(weights, str(temporary / "taehv.safetensors"))
+        write_model_info(taehv, temporary, step=step, metrics=metrics, **info)
+    except OSError:  # a full disk: the previous export stays whole, the half-written one goes
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
     if folder.exists():
         shutil.rmtree(folder)
     temporary.rename(folder)

@@ -116,8 +116,8 @@ class TrainConfig:
     persistent_workers: bool = option(True, "keep data loader workers alive across epochs")
     # --- optimisation --------------------------------------------------------------------------
     max_steps: int = option(100_000, "optimizer steps to train")
-    batch_size_per_gpu: int = option(8, "clips per process per micro-step")
-    gradient_accumulation_steps: int = option(2, "micro-steps per optimizer step")
+    batch_size_per_gpu: int = option(4, "clips per process per micro-step")
+    gradient_accumulation_steps: int = option(4, "micro-steps per optimizer step")
     global_batch_size: int = option(128, "clips per optimizer step; must equal per-GPU x processes x accumulation (0 = derive it)")
     learning_rate: float = option(1e-4, "peak AdamW learning rate of the student")
     lr_scheduler: str = option("cosine", "schedule, with diffusers' names and shapes: " + ", ".join(SCHEDULES))

@@ -90,7 +90,8 @@ class SeraenaState:
             torch.manual_seed(seed)
             self.seraena = Seraena(9, latent_channels, lr=learning_rate, buffer_size=buffer_size,
                                    seed=seed + rank, amp_dtype=amp_dtype)
-        self.seraena.to(device)
+        if next(self.seraena.parameters()).device != torch.device(device):  # (a no-op .to() fails under fake tensors)
+            self.seraena.to(device)
 
     def loss(self, real: torch.Tensor, decoded: torch.Tensor, latents: torch.Tensor,
              update_discriminator: bool = True) -> torch.Tensor:

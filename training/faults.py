@@ -7,6 +7,7 @@ that more than one rank must take together goes through training/agreement.py.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from dataclasses import dataclass, field
@@ -30,8 +31,16 @@ class FaultInjection:
     write (after a partial file); TAEHV_FAULT_STOP_AT_STEP=N acts as a SIGTERM during step N;
     TAEHV_FAULT_DATA_FAILURE_MICRO_STEP=N counts enough failed clip draws at micro-step N to pass
     max_failed_fraction; TAEHV_FAULT_BACKWARD_OOM_MICRO_STEPS=3 raises an out-of-memory error as
-    their backward starts. TAEHV_FAULT_RANK=R limits all of them to rank R (unset: every rank).
-    TAEHV_FAULT_REAL_OOM=1 makes the forward's out-of-memory errors real ones on CUDA (an
+    their backward starts, or, with TAEHV_FAULT_OOM_IN_AUTOGRAD=1, from inside autograd (a
+    gradient hook on the student's first trained weight, the last one the backward reaches: the
+    other gradients of that micro-step are written by then, as with a real one);
+    TAEHV_FAULT_SERAENA_OOM_MICRO_STEPS=3 raises one inside Seraena's discriminator forward;
+    TAEHV_FAULT_CUDNN_ERROR_MICRO_STEPS=3 raises cuDNN's allocation failure (a RuntimeError) inside
+    the student's first convolution; TAEHV_FAULT_ENGINE_SAVE_FAIL_STEPS=2 fails DeepSpeed's first
+    file write of the checkpoint of step 2, inside the engine; TAEHV_FAULT_WRITE_FAILS=history,
+    best_model,final fails rank 0's first write of each named file once (a full disk).
+    TAEHV_FAULT_RANK=R limits all of them to rank R (unset: every
+    rank). TAEHV_FAULT_REAL_OOM=1 makes the forward's out-of-memory errors real ones on CUDA (an
     allocation no GPU can serve), for tests/test_gpu.py."""
 
     nonfinite_micro_steps: set[int] = field(default_factory=set)
@@ -41,11 +50,89 @@ class FaultInjection:
     data_failure_micro_step: int = 0
     backward_oom_micro_steps: set[int] = field(default_factory=set)
     real_oom: bool = False
+    oom_in_autograd: bool = False
+    seraena_oom_micro_steps: set[int] = field(default_factory=set)
+    cudnn_error_micro_steps: set[int] = field(default_factory=set)
+    engine_save_fail_steps: set[int] = field(default_factory=set)
+    failing_writes: set[str] = field(default_factory=set)
 
     def raise_out_of_memory(self, device: torch.device, micro_step: int) -> None:
         if self.real_oom and device.type == "cuda":
             torch.empty(1 << 50, dtype=torch.uint8, device=device)  # 1 PiB: the CUDA caching allocator's own error
         raise torch.OutOfMemoryError(f"CUDA out of memory (injected at micro-step {micro_step})")
+
+    @contextlib.contextmanager
+    def in_forward(self, student, micro_step: int):
+        """The student's forward, with cuDNN's allocation failure raised inside its first convolution."""
+        handle = None
+        if micro_step in self.cudnn_error_micro_steps:
+            def fail(module, inputs):
+                raise RuntimeError(f"cuDNN error: CUDNN_STATUS_ALLOC_FAILED (injected at micro-step {micro_step})")
+
+            first_conv = next(m for m in student.modules() if isinstance(m, torch.nn.Conv2d))
+            handle = first_conv.register_forward_pre_hook(fail)
+        try:
+            yield
+        finally:
+            if handle is not None:
+                handle.remove()
+
+    def fail_write(self, what: str, step: int) -> None:
+        if what in self.failing_writes:
+            self.failing_writes.discard(what)
+            raise OSError(28, f"No space left on device (injected: {what} at step {step})")
+
+    @contextlib.contextmanager
+    def in_engine_save(self, engine, step: int):
+        """DeepSpeed's checkpoint save, with this rank's first file write inside the engine failing
+        (TAEHV_FAULT_ENGINE_SAVE_FAIL_STEPS): a disk that fills after the write probe passed."""
+        checkpoint_engine = getattr(engine, "checkpoint_engine", None)
+        if step not in self.engine_save_fail_steps or checkpoint_engine is None:
+            yield
+            return
+
+        def fail(*args, **kwargs):
+            raise OSError(28, f"No space left on device (injected inside DeepSpeed's save of step {step})")
+
+        checkpoint_engine.save = fail  # an instance attribute over the class's method
+        try:
+            yield
+        finally:
+            del checkpoint_engine.save  # the class's method again
+
+    @contextlib.contextmanager
+    def in_seraena(self, seraena, micro_step: int):
+        """Seraena's step, with an out-of-memory error raised inside its discriminator's forward."""
+        handle = None
+        if seraena is not None and micro_step in self.seraena_oom_micro_steps:
+            def fail(module, inputs):
+                raise torch.OutOfMemoryError(f"CUDA out of memory (injected in Seraena at micro-step {micro_step})")
+
+            discriminator_conv = next(m for m in seraena.seraena.modules() if isinstance(m, torch.nn.Conv2d))
+            handle = discriminator_conv.register_forward_pre_hook(fail)
+        try:
+            yield
+        finally:
+            if handle is not None:
+                handle.remove()
+
+    @contextlib.contextmanager
+    def in_backward(self, student, micro_step: int):
+        """The backward, with an out-of-memory error raised before it starts or from inside autograd."""
+        handle = None
+        if micro_step in self.backward_oom_micro_steps:
+            def fail(grad):
+                raise torch.OutOfMemoryError(f"CUDA out of memory (injected in the backward of micro-step {micro_step})")
+
+            if not self.oom_in_autograd:
+                fail(None)
+            first_trained = next(p for p in student.parameters() if p.requires_grad)
+            handle = first_trained.register_hook(fail)
+        try:
+            yield
+        finally:
+            if handle is not None:
+                handle.remove()
 
     @classmethod
     def from_environment(cls) -> "FaultInjection":
@@ -59,7 +146,10 @@ class FaultInjection:
         return cls(numbers("TAEHV_FAULT_NONFINITE_MICRO_STEPS"), numbers("TAEHV_FAULT_OOM_MICRO_STEPS"),
                    numbers("TAEHV_FAULT_CHECKPOINT_FAIL_STEPS"), int(os.environ.get("TAEHV_FAULT_STOP_AT_STEP", "0") or 0),
                    int(os.environ.get("TAEHV_FAULT_DATA_FAILURE_MICRO_STEP", "0") or 0),
-                   numbers("TAEHV_FAULT_BACKWARD_OOM_MICRO_STEPS"), os.environ.get("TAEHV_FAULT_REAL_OOM", "") == "1")
+                   numbers("TAEHV_FAULT_BACKWARD_OOM_MICRO_STEPS"), os.environ.get("TAEHV_FAULT_REAL_OOM", "") == "1",
+                   os.environ.get("TAEHV_FAULT_OOM_IN_AUTOGRAD", "") == "1", numbers("TAEHV_FAULT_SERAENA_OOM_MICRO_STEPS"),
+                   numbers("TAEHV_FAULT_CUDNN_ERROR_MICRO_STEPS"), numbers("TAEHV_FAULT_ENGINE_SAVE_FAIL_STEPS"),
+                   {x.strip() for x in os.environ.get("TAEHV_FAULT_WRITE_FAILS", "").split(",") if x.strip()})
 
 
 class StopRequest:
@@ -115,25 +205,61 @@ def note_bad_step(run: TrainingRun, reason: str, where: str) -> None:
             f"(max_consecutive_bad_steps={run.config.max_consecutive_bad_steps}); checkpoint {saved}. {advice}")
 
 
-def backward_out_of_memory(run: TrainingRun, reducing: bool) -> tuple[None, str, str]:
-    """An out-of-memory error inside this rank's backward. When that backward does not reduce
-    gradients (one process, or DDP inside an accumulation window, under no_sync) every rank drops
-    the partial gradients of the window and the next micro-step is counted as skipped. When it
-    reduces (DeepSpeed on every micro-step, DDP at the window's end), the other ranks are already
-    inside its all-reduce and cannot skip it: stop with advice."""
+# RuntimeErrors that mean the device ran out of memory: cuDNN and cuBLAS report a failed allocation
+# as their own status, not as torch.OutOfMemoryError
+MEMORY_ERRORS = ("CUDNN_STATUS_ALLOC_FAILED", "CUBLAS_STATUS_ALLOC_FAILED", "CUDA error: out of memory")
+
+
+def is_memory_error(error: BaseException) -> bool:
+    return isinstance(error, torch.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and any(marker in str(error) for marker in MEMORY_ERRORS))
+
+
+def drop_gradients(run: TrainingRun) -> None:
+    """Clears the student's gradients for real: accelerate's optimizer wrapper clears them only at a
+    window's end (and not at all under DeepSpeed), so a dropped window would leak into the next step."""
+    for parameter in run.accelerator.unwrap_model(run.model).parameters():
+        parameter.grad = None
+
+
+def step_out_of_memory(run: TrainingRun, phase: str, reducing: bool, backward_ran: bool) -> tuple[None, str, str]:
+    """An out-of-memory error in this rank's step phase (`phase`: Seraena's discriminator step or
+    the backward). Where no other rank waits on it (one process, or a DDP backward inside an
+    accumulation window, under no_sync) every rank drops the window's gradients at the next
+    agreement and the micro-step counts as skipped. Where other ranks are inside a collective of
+    it (Seraena's all-reduce, the gradient all-reduce of a window's end, every DeepSpeed backward),
+    where a DDP backward that reduces stopped half-way (its reducer cannot be reset), or under
+    DeepSpeed at all (its buffers hold partial gradients that no public call clears, and
+    its micro-step counter would drift from accelerate's), the step cannot be undone: stop with the
+    advice and the last checkpoint; the other ranks stop as the collective breaks."""
     accelerator = run.accelerator
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    if accelerator.num_processes > 1 and reducing:
+    deepspeed = accelerator.state.deepspeed_plugin is not None
+    others_wait = accelerator.num_processes > 1 and reducing
+    # a DDP backward that reduces and stopped half-way leaves DDP's reducer mid-reduction: the next
+    # forward would fail, and nothing public resets it
+    reducer_broken = reducing and backward_ran and isinstance(run.model, torch.nn.parallel.DistributedDataParallel)
+    if others_wait or reducer_broken or deepspeed:
         latest = complete_checkpoints(run.run_dir)
+        why = ("the other ranks are inside its collectives" if others_wait
+               else "DeepSpeed keeps partial gradients and its own micro-step count" if deepspeed
+               else "DDP's gradient reducer is left mid-reduction")
         raise TrainingStopped(
-            f"out of memory in the backward of micro-step {run.progress.micro_step} on rank {accelerator.process_index}: the "
-            f"other ranks are inside the gradient all-reduce, so this step cannot be skipped; the job stops (the other "
-            f"ranks within step_timeout_s={run.config.step_timeout_s} s). {ADVICE['oom'][1]}, then --resume latest "
+            f"out of memory in the {phase} of micro-step {run.progress.micro_step} on rank {accelerator.process_index}: "
+            f"{why}, so this step cannot be skipped; the job stops. {ADVICE['oom'][1]}, then --resume latest "
             f"(last checkpoint: {latest[-1].name if latest else 'none'})")
-    run.optimizer.zero_grad(set_to_none=True)
+    drop_gradients(run)
     run.backward_oom_at = run.progress.micro_step
     return None, "", ""  # not a skip yet: every rank counts it together at the next agreement
+
+
+def is_peer_gone(error: BaseException) -> bool:
+    """A collective that broke because another rank left (it stopped with its own message, or died)."""
+    text = str(error)
+    return isinstance(error, RuntimeError) and any(marker in text for marker in (
+        "Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted",
+        "remote process exited", "ncclRemoteError"))
 
 
 def die_with_launcher() -> None:
@@ -146,15 +272,28 @@ def die_with_launcher() -> None:
         die_with_parent()
 
 
+def set_collective_timeout(seconds: float) -> int:
+    """The timeout of every process group this rank belongs to: the default one and those DeepSpeed
+    made for its gradient reduce-scatter and parameter gathers (created with torch's own default,
+    10 minutes on NCCL). Returns how many groups got it."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0
+    c10d = dist.distributed_c10d
+    groups = [group for group in c10d._world.pg_map if not c10d._rank_not_in_group(group)]
+    for group in groups:
+        c10d._set_pg_timeout(timedelta(seconds=seconds), group)
+    return len(groups)
+
+
 def shorten_collective_timeout(run: TrainingRun) -> None:
     """After the first step, collectives get step_timeout_s instead of the long set-up timeout
     (nccl_timeout_s, which covers loading, compiling and the first step): a rank that stops
     answering ends the job in minutes, not hours."""
-    import torch.distributed as dist
-
     run.step_timeout_set = True
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=run.config.step_timeout_s))
+    if run.accelerator.num_processes > 1:
+        set_collective_timeout(run.config.step_timeout_s)
 
 
 def is_collective_timeout(error: BaseException) -> bool:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 LOG_NAME = "launch.log"
 UNDER_AGENT = "TAEHV_UNDER_AGENT"  # set for the training processes this agent starts
+ERROR_DIR = "TAEHV_STARTUP_ERROR_DIR"  # where ranks leave their one-line start-up error for this process to print
 EXPLAINED = (2, 3, 4)  # exit codes whose one-line reason the training printed itself
 
 
@@ -58,6 +59,21 @@ def keep_report(run_dir: Path | None, lines, started: float) -> str:
     return str(path)
 
 
+def watchdog_reason(run_dir: Path | None) -> str:
+    """SIGABRT on NCCL is its watchdog ending a collective that ran past its timeout (or failed):
+    the process is gone before the training can print its own line, so say which timeout it was."""
+    import json
+
+    try:
+        config = json.loads((run_dir / "resolved_config.json").read_text())
+    except (OSError, TypeError, ValueError):
+        config = {}
+    timeouts = (f"step_timeout_s={config['step_timeout_s']} after the first step, nccl_timeout_s={config['nccl_timeout_s']} "
+                "until then" if "step_timeout_s" in config else "step_timeout_s after the first step, nccl_timeout_s until then")
+    return (f" (on NCCL: its watchdog, after a collective passed its timeout ({timeouts}) or failed: another rank "
+            "stopped answering or left; the NCCL lines above name the collective)")
+
+
 def die_with_parent() -> None:
     """Linux SIGKILLs this process when its parent goes, by any signal. The launcher owns its agent
     this way (a SIGKILL of the launcher's process group does not reach the agent's own group), and
@@ -72,9 +88,27 @@ def die_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def first_startup_error(folder: str) -> str:
+    """The lowest rank's start-up line: every rank refuses the same inputs, and the first to exit
+    gets the others terminated, maybe before they could print; so the agent prints it, once."""
+    lines = sorted(Path(folder).glob("rank-*.txt"), key=lambda p: int(p.stem.split("-")[1]))
+    return lines[0].read_text().strip() if lines else ""
+
+
 def main(argv: list[str] | None = None) -> int:
+    import shutil
+    import tempfile
+
     die_with_parent()
     os.environ[UNDER_AGENT] = "1"
+    os.environ[ERROR_DIR] = tempfile.mkdtemp(prefix="taehv-launch-")
+    try:
+        return launch(argv)
+    finally:
+        shutil.rmtree(os.environ[ERROR_DIR], ignore_errors=True)
+
+
+def launch(argv: list[str] | None) -> int:
     from accelerate.commands.launch import launch_command, launch_command_parser
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
@@ -94,12 +128,15 @@ def main(argv: list[str] | None = None) -> int:
         code = error.returncode
         recorder.lines.append(str(error))
     log = keep_report(run_dir_of(args.training_script_args), recorder.lines, started)
+    if code in EXPLAINED and first_startup_error(os.environ[ERROR_DIR]):
+        print(first_startup_error(os.environ[ERROR_DIR]), file=sys.stderr, flush=True)
     if code == 0 or code in EXPLAINED:
         return code
     where = f"; the launcher's report is in {log}" if log else ""
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
-        print(f"training failed: rank {rank} was killed by {name}{where}", file=sys.stderr, flush=True)
+        why = watchdog_reason(run_dir_of(args.training_script_args)) if -code == signal.SIGABRT else ""
+        print(f"training failed: rank {rank} was killed by {name}{why}{where}", file=sys.stderr, flush=True)
         return 128 - code
     print(f"training failed: rank {rank} exited with code {code} (its own output above says why){where}",
           file=sys.stderr, flush=True)

@@ -1,28 +1,33 @@
 """Memory you can see before you launch: GPU and host memory per rank, and checkpoint size, of a
-resolved config, estimated from one small forward measured here and scaled to the profile.
+resolved config. Unit: GB = 1e9 bytes everywhere (logs, dry run, docs).
 
-Activations: autograd's saved tensors of one training forward of the student with the
-config's loss terms (precision and gradient checkpointing as configured), counted with
-`torch.autograd.graph.saved_tensors_hooks` at a probe shape (batch 1, the config's frames,
-PROBE_SIDE x PROBE_SIDE pixels) and scaled by pixel-frames: convolution activations grow
-linearly with them (tested against a direct count at two larger shapes). The rest is
+The training step is measured, not scaled: one full micro-step of the student at the config's
+exact shape (batch_size_per_gpu x n_frames x height x width), dtype, memory layout
+(channels_last) and gradient checkpointing, with every loss term (LPIPS, Seraena's
+discriminator step and correction) and the backward, runs on fake tensors (torch's
+FakeTensorMode: shapes, dtypes and strides without data or compute; seconds on a CPU) while
+StepPeak counts the bytes of every live tensor storage. Its peak, less the weights, is the
+"training step" part; tests/test_memory.py checks it against the same count over real tensors
+at a small shape, and tests/test_gpu.py against torch.cuda.max_memory_allocated. The rest is
 arithmetic on the parameter count and the accelerate file's engine:
 
 | part | bytes |
 |---|---|
 | weights | params x 2 (bf16) or 4 |
-| gradients | DDP: params x 4 plus its bucket copy; ZeRO-2/3: params x 2 / processes plus DeepSpeed's reduce and all-gather buckets (5e8 elements each, bf16) |
+| gradients | DDP: its bucket copy of the gradients, params x 4 (the gradients are in the step); ZeRO-2/3: params x 2 / processes plus DeepSpeed's reduce and all-gather buckets (5e8 elements each, bf16) |
 | optimizer | fp32 master (bf16 engines) and AdamW's two moments: params x (4 + 8), / processes under ZeRO |
 | EMA | params x 4 on every rank |
 | LPIPS | AlexNet + heads in fp32 when perceptual_weight > 0 |
-| reference VAE | its weights in bf16 when it runs on the fly (its encode's working memory is not estimated: a latent cache removes it) |
+| reference VAE | its weights in bf16 when it runs on the fly |
+| cuDNN workspace | an allowance of 1 GB for convolution algorithms' scratch memory |
 | CUDA context and allocator slack | 1.5 GB |
 
 Host per rank: the Seraena replay buffer (uint8 frame groups, bf16 contexts; its capacity is
 capped by seraena_buffer_gb), the batches the data workers hold, and a process baseline.
-Checkpoint: weights, optimizer state, EMA, and every rank's replay buffer (one file per rank). Not counted anywhere: the backward pass's transient working memory beyond the
-saved tensors, and memory fragmentation: an estimate above 90% of the device is worth a look,
-and the fixes suggested for a profile over budget aim at 90%.
+Checkpoint: weights, optimizer state, EMA, and every rank's replay buffer (one file per rank).
+Not measured: the reference VAE's own encode when it runs on the fly (before the student's
+step, so it adds only where it is larger; a latent cache removes it) and allocator
+fragmentation: the shipped profiles keep to 90% of their device by this measure.
 """
 
 from __future__ import annotations
@@ -32,16 +37,19 @@ import weakref
 from dataclasses import dataclass, field, replace
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakIdKeyDictionary
 
-PROBE_SIDE = 64  # large enough for LPIPS's AlexNet (stride 4, three poolings) to scale linearly
 GB = 1e9
 CUDA_CONTEXT_GB = 1.5
+CUDNN_WORKSPACE_GB = 1.0
 HOST_BASELINE_GB = 3.0  # python, torch, CUDA libraries, the model copies of one rank process
 DEEPSPEED_BUCKET_ELEMENTS = 5e8
 REFERENCE_VAE_PARAMS = {"cogvideox": 215.6e6, "hunyuan": 246.5e6, "wan": 126.9e6,  # Wan 2.2's layout: 704.7e6
                         "hunyuan1_5": 1260.6e6, "ltx": 419.2e6, "ltx2": 1222.5e6, "minimax_h3": 2603.9e6}
 LPIPS_PARAMS = 2.47e6 + 0.0015e6  # AlexNet features + linear heads
-HEADROOM = 0.9  # suggested fixes aim at 90% of gpu_memory_gb: the backward's working memory is not counted
+HEADROOM = 0.9  # shipped profiles and suggested fixes keep to 90% of gpu_memory_gb: fragmentation, the reference encode
 
 
 @dataclass
@@ -49,7 +57,6 @@ class MemoryEstimate:
     gpu: dict = field(default_factory=dict)  # part -> GB per rank
     host: dict = field(default_factory=dict)
     checkpoint_gb: float = 0.0
-    activation_bytes_per_pixel_frame: float = 0.0
 
     @property
     def gpu_gb(self) -> float:
@@ -65,7 +72,7 @@ class MemoryEstimate:
 
         budget = f" of {budget_gb:g} GB (gpu_memory_gb)" if budget_gb else ""
         if budget_gb and HEADROOM * budget_gb < self.gpu_gb <= budget_gb:
-            budget += " (above 90%: the backward's working memory is not in the estimate; gradient_checkpointing=true lowers it)"
+            budget += " (above 90%: fragmentation and the reference VAE's encode are not in it; gradient_checkpointing=true lowers it)"
         return [f"GPU per rank:  {self.gpu_gb:.1f} GB{budget}: {parts(self.gpu)}",
                 f"host per rank: {self.host_gb:.1f} GB: {parts(self.host)}",
                 f"checkpoint:    {self.checkpoint_gb:.2f} GB per checkpoint folder"]
@@ -75,69 +82,92 @@ def _training_dtype(config) -> torch.dtype:
     return torch.bfloat16 if config.mixed_precision == "bf16" else torch.float16 if config.mixed_precision == "fp16" else torch.float32
 
 
-def saved_activation_bytes(config, batch: int, n_frames: int, height: int, width: int, exact: bool = False) -> int:
-    """Bytes autograd keeps for the backward of one training forward at this shape (each storage
-    counted once), with the config's model, loss terms, precision and gradient checkpointing.
+class StepPeak(TorchDispatchMode):
+    """Live and peak bytes of tensor storages, real or fake: each storage counted once, from the op
+    that creates it until Python drops it (weakref finalizers). Data-dependent reads of fake tensors
+    (a finiteness check's .item()) answer 1: the measured path is the healthy one."""
 
-    bf16 convolutions on a CPU without bf16 units run ~20x slower than fp32, so by default the
-    forward runs in fp32 and the tensors saved inside the student's forward (the ones a bf16
-    engine holds in bf16) are counted at the training dtype's size; losses, LPIPS and Seraena
-    stay fp32 either way. `exact=True` runs in the training dtype (tests/test_memory.py checks
-    the two agree)."""
+    def __init__(self):
+        super().__init__()
+        self.live = self.peak = 0
+        self.storages = WeakIdKeyDictionary()
+
+    def count(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        if storage in self.storages:
+            return
+        size = storage.nbytes()
+        self.storages[storage] = size
+        self.live += size
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(storage, self._release, size)
+
+    def _release(self, size: int) -> None:
+        self.live -= size
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        if func is torch.ops.aten._local_scalar_dense.default and isinstance(args[0], FakeTensor):
+            return 1
+        out = func(*args, **(kwargs or {}))
+        for item in tree_flatten(out)[0]:
+            if isinstance(item, torch.Tensor):
+                self.count(item)
+        return out
+
+
+def measure_step(config, fake: bool = True, batch: int | None = None, height: int | None = None,
+                 width: int | None = None) -> tuple[int, int]:
+    """(weight bytes, peak bytes) of one training micro-step of `config` (forward, every loss term,
+    Seraena's discriminator step and correction, backward): at the config's shape by default, on
+    fake tensors unless fake=False. The module is in the dtype the engine trains it in (DeepSpeed
+    casts it to bf16; DDP keeps fp32 under autocast)."""
+    import contextlib
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     from models.metrics import LPIPS
     from models.taehv import TAEHV
     from training.distill import SeraenaState, Student, add_seraena_term, forward_losses
 
-    training_dtype = _training_dtype(config)
-    dtype = training_dtype if exact else torch.float32
-    student_scale = training_dtype.itemsize / dtype.itemsize
-    with torch.random.fork_rng(devices=[]):
+    engine_casts = config.zero_stage > 0
+    dtype = _training_dtype(config) if engine_casts else torch.float32
+    autocast = not engine_casts and config.mixed_precision in ("bf16", "fp16")
+    shape = (batch or config.batch_size_per_gpu, config.n_frames, 3, height or config.height, width or config.width)
+    default_dtype = torch.get_default_dtype()
+    with FakeTensorMode() if fake else contextlib.nullcontext(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        taehv = TAEHV(config.model_variant).set_gradient_checkpointing(config.gradient_checkpointing).train()
-        for part in ("encoder", "decoder"):  # a frozen part saves nothing for a backward
+        torch.set_default_dtype(dtype)  # built in its dtype: a module .to() cannot convert fake parameters
+        try:
+            taehv = TAEHV(config.model_variant).set_gradient_checkpointing(config.gradient_checkpointing).train()
+        finally:
+            torch.set_default_dtype(default_dtype)
+        taehv.set_fast_path(config.channels_last, "")
+        for part in ("encoder", "decoder"):  # a frozen part keeps no gradients and saves nothing for a backward
             getattr(taehv, part).requires_grad_(getattr(config, f"train_{part}"))
-        student = Student(taehv).to(dtype)
-        video = torch.rand(batch, n_frames, 3, height, width)
+        student = Student(taehv)
+        video = torch.rand(shape).to(dtype)
         latents = None
         if config.use_ref_vae:
             with torch.no_grad():
-                latents = torch.randn_like(taehv.encode_video(video.to(dtype)).float())
+                latents = torch.randn_like(taehv.encode_video(video).float())
         lpips = LPIPS() if config.perceptual_weight > 0 else None
-        seraena = (SeraenaState(taehv.latent_channels, 3e-4, 4, 0, 0, torch.device("cpu"), None)
+        seraena = (SeraenaState(taehv.latent_channels, config.seraena_learning_rate, 4, 0, 0, torch.device("cpu"),
+                                torch.bfloat16 if config.mixed_precision == "bf16" else None)
                    if config.seraena_weight > 0 else None)
         modules = [m for m in (student, lpips, seraena and seraena.seraena) if m is not None]
-        weights = {p.untyped_storage().data_ptr() for m in modules for p in m.parameters()}
-        packed: list[tuple[weakref.ref, float]] = []
-        inside_student = [False]  # what the student's forward saves, a bf16 engine saves in bf16
-
-        def enter(module, args, kwargs):
-            inside_student[0] = True
-
-        def leave(module, args, kwargs, output):
-            inside_student[0] = False
-
-        hooks = [student.register_forward_pre_hook(enter, with_kwargs=True),
-                 student.register_forward_hook(leave, with_kwargs=True)]
-
-        def pack(tensor: torch.Tensor):
-            scale = student_scale if inside_student[0] and tensor.dtype == dtype else 1.0
-            packed.append((weakref.ref(tensor), scale))
-            return tensor
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            losses = forward_losses(config, student, video.to(dtype), latents, lpips)
-            total = add_seraena_term(config, seraena, losses)
-        for hook in hooks:
-            hook.remove()
-        # what the student's graph still holds when its backward starts: graphs that were already
-        # run and freed (Seraena's discriminator step) no longer count
-        alive = {}
-        for ref, scale in packed:
-            tensor = ref()
-            if tensor is not None and tensor.untyped_storage().data_ptr() not in weights:  # parameters count as weights
-                alive[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes() * scale
-        del total, losses
-    return int(sum(alive.values()))
+        tracker = StepPeak()
+        with tracker:
+            for tensor in [*(p for m in modules for p in m.parameters()), video, *([latents] if latents is not None else [])]:
+                tracker.count(tensor)
+            weights = sum(p.untyped_storage().nbytes() for m in modules for p in m.parameters())
+            with torch.autocast("cpu", _training_dtype(config), enabled=autocast):
+                losses = forward_losses(config, student, video, latents, lpips)
+                total = add_seraena_term(config, seraena, losses)
+            total.backward()
+            del total, losses
+        return weights, tracker.peak
 
 
 def estimate_memory(config) -> MemoryEstimate:
@@ -146,17 +176,15 @@ def estimate_memory(config) -> MemoryEstimate:
     model = TAEHV(config.model_variant)
     params = sum(p.numel() for p in model.parameters())
     processes, zero = max(1, config.num_processes), config.zero_stage
-    pixel_frames = config.n_frames * config.height * config.width
-    per_pixel_frame = saved_activation_bytes(config, 1, config.n_frames, PROBE_SIDE, PROBE_SIDE) / (
-        config.n_frames * PROBE_SIDE * PROBE_SIDE)
     low_precision = config.mixed_precision in ("bf16", "fp16")
-    weight_bytes = 2 if low_precision else 4
-    estimate = MemoryEstimate(activation_bytes_per_pixel_frame=per_pixel_frame)
+    weight_bytes = 2 if low_precision and zero > 0 else 4
+    estimate = MemoryEstimate()
     gpu = estimate.gpu
-    gpu["activations"] = per_pixel_frame * config.batch_size_per_gpu * pixel_frames / GB
+    measured_weights, peak = measure_step(config)
+    gpu["training step"] = (peak - measured_weights) / GB  # activations, the backward's working memory, gradients
     gpu["weights"] = params * weight_bytes / GB
     if zero == 0:
-        gpu["gradients"] = 2 * params * 4 / GB  # the gradients and DDP's bucket copy of them
+        gpu["gradients"] = params * 4 / GB  # DDP's bucket copy (the gradients themselves are in the step)
         gpu["optimizer"] = params * (8 + (4 if low_precision else 0)) / GB
     else:
         gpu["gradients"] = params * 2 / processes / GB
@@ -168,6 +196,7 @@ def estimate_memory(config) -> MemoryEstimate:
     gpu["LPIPS"] = LPIPS_PARAMS * 4 / GB if config.perceptual_weight > 0 else 0.0
     if config.use_ref_vae and not config.latent_cache:
         gpu["reference VAE weights"] = REFERENCE_VAE_PARAMS.get(config.ref_vae_family, 250e6) * 2 / GB
+    gpu["cuDNN workspace"] = CUDNN_WORKSPACE_GB
     gpu["CUDA context"] = CUDA_CONTEXT_GB
 
     pair_bytes = replay_pair_bytes(config, model.patch_size, model.latent_channels)
@@ -200,8 +229,8 @@ def budget_problem(config, estimate: MemoryEstimate) -> str:
     budget = config.gpu_memory_gb
     if estimate.gpu_gb <= budget:
         return ""
-    rest = estimate.gpu_gb - estimate.gpu["activations"]
-    per_clip = estimate.gpu["activations"] / config.batch_size_per_gpu
+    rest = estimate.gpu_gb - estimate.gpu["training step"]
+    per_clip = estimate.gpu["training step"] / config.batch_size_per_gpu  # the step grows with the clips per micro-step
     fixes = []
     if not config.gradient_checkpointing:
         checkpointed = estimate_memory(replace(config, gradient_checkpointing=True))
@@ -212,4 +241,4 @@ def budget_problem(config, estimate: MemoryEstimate) -> str:
                      "to keep the global batch)")
     fixes.append("fewer n_frames or smaller height/width")
     return (f"estimated GPU memory per rank {estimate.gpu_gb:.1f} GB exceeds gpu_memory_gb={budget:g} "
-            f"(activations {estimate.gpu['activations']:.1f} GB): set " + ", or ".join(fixes))
+            f"(training step {estimate.gpu['training step']:.1f} GB): set " + ", or ".join(fixes))

@@ -35,8 +35,9 @@ from training.checkpoints import (Progress, check_run_folder, complete_checkpoin
 from training.config import ConfigError, TrainConfig, error_line  # noqa: E402
 from training.dataset import DataFailureError, FailureTracker, IndexFormatError  # noqa: E402
 from training.distill import SeraenaState, WeightEMA, add_seraena_term, forward_losses  # noqa: E402
-from training.faults import (FaultInjection, StopRequest, TrainingStopped, backward_out_of_memory,  # noqa: E402
-                             die_with_launcher, is_collective_timeout, note_bad_step, shorten_collective_timeout)
+from training.faults import (FaultInjection, StopRequest, TrainingStopped, die_with_launcher, drop_gradients,  # noqa: E402
+                             is_collective_timeout, is_memory_error, is_peer_gone, note_bad_step, set_collective_timeout,
+                             shorten_collective_timeout, step_out_of_memory)
 from training.run_folder import Run, load_run, record_run  # noqa: E402
 from training.run_log import RunLog, log_training, start_profiler  # noqa: E402
 from training.validation import (evaluation_model, record_validation, reference_latents_for, validate,  # noqa: E402
@@ -139,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     set_seed(config.seed, device_specific=True)  # per-rank randomness from here on
     optimizer, scheduler = build_optimizer(config, model)
     model, optimizer = accelerator.prepare(model, optimizer)
+    set_collective_timeout(config.nccl_timeout_s)  # DeepSpeed's groups too, until the first step shortens it
     check_deepspeed_batch(accelerator, config)
     ema = WeightEMA(full_state_dict(accelerator, model), config.ema_decay, accelerator.device) if config.ema_decay > 0 else None
     run = TrainingRun(
@@ -166,6 +168,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stopped on rank {accelerator.process_index}: {error}", file=sys.stderr, flush=True)
         return 3
     except RuntimeError as error:
+        if is_peer_gone(error):  # the rank that left printed why; this one adds no traceback
+            latest = complete_checkpoints(run_dir)
+            print(f"stopped on rank {accelerator.process_index}: a collective broke at step {run.progress.step + 1} because "
+                  f"another rank left the job (its own message above says why); the last checkpoint is "
+                  f"{latest[-1] if latest else 'none'}: --resume latest continues from it", file=sys.stderr, flush=True)
+            return 4
         if not is_collective_timeout(error):
             raise
         timeout = f"step_timeout_s={config.step_timeout_s}" if run.step_timeout_set else f"nccl_timeout_s={config.nccl_timeout_s}"
@@ -180,8 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         if accelerator.is_main_process:  # tells the launcher this stop was handled (see train_taehv_h100.sh)
             (run_dir / "STOPPED_CLEANLY").write_text(f"checkpoint-{run.progress.step}\n")
         return 0  # preempted: the checkpoint is written; --resume latest continues
-    finish(run)
-    return 0
+    return finish(run)
 
 
 def check_starting_latent_space(config: TrainConfig, reference_vae, validation_dataset) -> tuple[dict | None, str]:
@@ -203,9 +210,15 @@ def check_starting_latent_space(config: TrainConfig, reference_vae, validation_d
 
 
 def fail(code: int, line: str) -> int:
-    """A one-line start-up error, the same on every rank: printed by the first rank of each
-    machine; the launcher passes it and its exit code on (2 config, 3 data)."""
-    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+    """A one-line start-up error, the same on every rank, with its exit code (2 config, 3 data).
+    Under the launchers' agent (training/launch.py) each rank leaves it there and the agent prints
+    the lowest rank's once: a rank terminated before it could print cannot lose it. Run directly,
+    the first rank of each machine prints it."""
+    from training.launch import ERROR_DIR
+
+    if os.environ.get(ERROR_DIR) and Path(os.environ[ERROR_DIR]).is_dir():
+        (Path(os.environ[ERROR_DIR]) / f"rank-{os.environ.get('RANK', '0')}.txt").write_text(line + "\n")
+    elif int(os.environ.get("LOCAL_RANK", "0")) == 0:
         print(line, file=sys.stderr, flush=True)
     return code
 
@@ -300,6 +313,7 @@ def train_step(run: "TrainingRun", batch) -> tuple[dict | None, str, str]:
     # its forward under no_sync (accumulate() predicts the same; DeepSpeed reduces its own way).
     window_ends = (accelerator.step + 1) % accelerator.gradient_accumulation_steps == 0
     ddp_accumulates = accelerator.state.deepspeed_plugin is None and not window_ends
+    student = accelerator.unwrap_model(model)
     with accelerator.no_sync(model) if ddp_accumulates else contextlib.nullcontext():
         try:
             video = batch["video"].to(accelerator.device, non_blocking=True).float() / 255  # N,T,3,H,W in [0, 1]
@@ -308,10 +322,13 @@ def train_step(run: "TrainingRun", batch) -> tuple[dict | None, str, str]:
             except FloatingPointError as error:  # non-finite reference latents for this batch
                 reference_failed, run.last_reference_error = True, str(error)
             if not reference_failed:
-                losses = forward_losses(config, model, video.to(model_dtype(model)), reference_latents, run.lpips)
+                with run.faults.in_forward(student, micro_step):
+                    losses = forward_losses(config, model, video.to(model_dtype(model)), reference_latents, run.lpips)
             if micro_step in run.faults.oom_micro_steps:  # as late in the forward as a real one can come
                 run.faults.raise_out_of_memory(accelerator.device, micro_step)
-        except torch.OutOfMemoryError:
+        except RuntimeError as error:  # torch.OutOfMemoryError, or cuDNN's and cuBLAS's own allocation failures
+            if not is_memory_error(error):
+                raise
             out_of_memory = True
     if out_of_memory:  # outside the except block, so the failed graph is already released
         losses = None
@@ -333,7 +350,7 @@ def train_step(run: "TrainingRun", batch) -> tuple[dict | None, str, str]:
         raise DataFailureError(f"too many clip draws failed {agreed.where('data')} (max_failed_fraction="
                                f"{config.max_failed_fraction}); that rank's error output names the files and reasons")
     if agreed.any("backward_oom"):  # a rank's backward ran out of memory in the last micro-steps:
-        run.optimizer.zero_grad(set_to_none=True)  # every rank drops the accumulation window so far
+        drop_gradients(run)  # every rank drops the accumulation window so far
         run.backward_oom_at = 0
         return None, "oom", f"{agreed.where('backward_oom')} (in a backward before this micro-step; its accumulated gradients dropped)"
     for reason in ("oom", "reference", "nonfinite"):
@@ -343,17 +360,23 @@ def train_step(run: "TrainingRun", batch) -> tuple[dict | None, str, str]:
         if accelerator.sync_gradients != window_ends:  # the forward's no_sync would have been wrong: ranks would drift
             raise RuntimeError(f"accelerate's accumulation counter disagrees with the predicted window end at micro-step "
                                f"{micro_step}; report this with the accelerate version")
-        # every rank is here, so Seraena's all-reduces match; its discriminator steps once per optimizer step
-        loss = add_seraena_term(config, run.seraena, losses, update_discriminator=accelerator.sync_gradients)
+        phase, backward_ran = "Seraena step", False
         try:
-            if micro_step in run.faults.backward_oom_micro_steps:
-                raise torch.OutOfMemoryError(f"CUDA out of memory (injected in the backward of micro-step {micro_step})")
-            accelerator.backward(loss)
-        except torch.OutOfMemoryError:
+            # every rank is here, so Seraena's all-reduces match; its discriminator steps once per optimizer step
+            with run.faults.in_seraena(run.seraena, micro_step):
+                loss = add_seraena_term(config, run.seraena, losses, update_discriminator=accelerator.sync_gradients)
+            phase = "backward"
+            with run.faults.in_backward(student, micro_step):
+                backward_ran = True
+                accelerator.backward(loss)
+        except RuntimeError as error:
+            if not is_memory_error(error):
+                raise
             out_of_memory = True
-        if out_of_memory:
-            del loss, losses
-            return backward_out_of_memory(run, reducing=not ddp_accumulates)
+        if out_of_memory:  # outside the except block, so the failed graph is released with these
+            loss = losses = None
+            seraena_reduces = phase != "backward" and accelerator.sync_gradients  # its discriminator update all-reduces
+            return step_out_of_memory(run, phase, reducing=seraena_reduces or not ddp_accumulates, backward_ran=backward_ran)
         logged = losses.logged
         if accelerator.sync_gradients and accelerator.state.deepspeed_plugin is None:
             logged["grad_norm"] = accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm).detach().float()
@@ -367,15 +390,30 @@ def train_step(run: "TrainingRun", batch) -> tuple[dict | None, str, str]:
     return logged, "", ""
 
 
-def finish(run: TrainingRun) -> None:
-    """Export the validated weights (EMA when enabled) in the public format."""
+def finish(run: TrainingRun) -> int:
+    """Export the validated weights (EMA when enabled) in the public format; 3 when a rank could
+    not write them (all ranks agree, the last checkpoint stays the way to export again)."""
     accelerator = run.accelerator
     if not run.last_metrics:  # resumed at max_steps (a finished or nearly finished run): measure what is exported
         run.last_metrics = with_baseline(run, validate(run, evaluation_model(run)))
     weights = {k: v.detach().float().cpu() for k, v in current_weights(run).items()}
     taehv = accelerator.unwrap_model(run.model).taehv
-    export_model(accelerator, weights, taehv, run.run_dir / "final", run.progress.step, run.last_metrics,
-                 **export_info(run.config))
+    error = ""
+    try:
+        if accelerator.is_main_process:
+            run.faults.fail_write("final", run.progress.step)
+        export_model(accelerator, weights, taehv, run.run_dir / "final", run.progress.step, run.last_metrics,
+                     **export_info(run.config))
+    except OSError as failure:
+        error = str(failure)
+    failed = agree(accelerator, failed=bool(error))
+    if failed:  # the last checkpoint is complete: a resume at max_steps exports again
+        latest = complete_checkpoints(run.run_dir)
+        message = (f"the export to {run.run_dir / 'final'} failed {failed.where('failed')}: {error or 'that rank says why'}; "
+                   f"the checkpoint {latest[-1].name if latest else '(none)'} is complete: free space, then --resume latest exports")
+        run.log.line(f"stopped: {message}")
+        print(f"stopped on rank {accelerator.process_index}: {message}", file=sys.stderr, flush=True)
+        return 3
     print(f"rank {accelerator.process_index} of {accelerator.num_processes}: final weights fingerprint "
           f"{weights_fingerprint(weights)}", flush=True)
     if run.seraena is not None:
@@ -392,6 +430,7 @@ def finish(run: TrainingRun) -> None:
     accelerator.end_training()
     if accelerator.is_main_process:  # tells the launcher the run ended on its own (see train_taehv_h100.sh)
         (run.run_dir / "FINISHED").write_text(f"step {run.progress.step}\n")
+    return 0
 
 
 if __name__ == "__main__":

@@ -141,23 +141,34 @@ def record_validation(run: TrainingRun, metrics: dict) -> bool:
     stop early. The record lives in Progress, so it resumes with the checkpoint."""
     config, progress, step = run.config, run.progress, run.progress.step
     if run.accelerator.is_main_process:
-        path = run.run_dir / "validation_history.json"
-        history = json.loads(path.read_text()) if path.exists() else []
-        history = [h for h in history if h["step"] < step]  # entries past a resumed checkpoint are replayed
-        history.append({"step": step, **metrics})
-        temporary = path.with_suffix(".json.tmp")
-        temporary.write_text(json.dumps(history, indent=2) + "\n")
-        temporary.replace(path)
+        try:  # rank 0 alone writes it, no other rank waits on it: a failed write is logged, not fatal
+            run.faults.fail_write("history", step)
+            path = run.run_dir / "validation_history.json"
+            history = json.loads(path.read_text()) if path.exists() else []
+            history = [h for h in history if h["step"] < step]  # entries past a resumed checkpoint are replayed
+            history.append({"step": step, **metrics})
+            temporary = path.with_suffix(".json.tmp")
+            temporary.write_text(json.dumps(history, indent=2) + "\n")
+            temporary.replace(path)
+        except OSError as failure:
+            run.log.line(f"validation_history.json not updated at step {step}: {failure}; training continues")
     value = metrics.get(config.best_metric)
     lower_is_better = config.best_metric.removeprefix("decode_") in LOWER_IS_BETTER
     improved = value is not None and (progress.best_value is None or
                                       (value < progress.best_value if lower_is_better else value > progress.best_value))
     if improved:
+        previous = progress.best_value, progress.best_step
         progress.best_value, progress.best_step, progress.validations_without_improvement = value, step, 0
-        weights = {k: v.detach().float().cpu() for k, v in current_weights(run).items()}
-        export_model(run.accelerator, weights, run.accelerator.unwrap_model(run.model).taehv, run.run_dir / "best_model",
-                     step, metrics, best_metric=config.best_metric, **export_info(config))
-        run.log.line(f"best model so far ({config.best_metric} {value:.4f}) saved to {run.run_dir / 'best_model'}")
+        weights = {k: v.detach().float().cpu() for k, v in current_weights(run).items()}  # every rank: a collective
+        try:
+            if run.accelerator.is_main_process:
+                run.faults.fail_write("best_model", step)
+            export_model(run.accelerator, weights, run.accelerator.unwrap_model(run.model).taehv, run.run_dir / "best_model",
+                         step, metrics, best_metric=config.best_metric, **export_info(config))
+            run.log.line(f"best model so far ({config.best_metric} {value:.4f}) saved to {run.run_dir / 'best_model'}")
+        except OSError as failure:  # the previous best_model/ stays whole (written to a temporary folder first)
+            progress.best_value, progress.best_step = previous  # the next validation that beats it saves it
+            run.log.line(f"best model so far ({config.best_metric} {value:.4f}) NOT saved: {failure}; training continues")
         return False
     progress.validations_without_improvement += 1
     patience = config.early_stopping_patience
