@@ -30,7 +30,7 @@ from training.elastic import save_full_state
 from training.run_folder import check_writable, complete_checkpoints
 
 if TYPE_CHECKING:
-    from training.taehv_train import TrainingRun
+    from training.training_run import TrainingRun
 
 # the run's stateful parts beyond model and optimizer; older checkpoints numbered them in this order
 STATE_NAMES = ("scheduler", "progress", "ema", "seraena")

@@ -19,7 +19,7 @@ import torch
 from training.checkpoints import complete_checkpoints, save_checkpoint
 
 if TYPE_CHECKING:
-    from training.taehv_train import TrainingRun
+    from training.training_run import TrainingRun
 
 
 @dataclass

@@ -14,7 +14,7 @@ arithmetic on the parameter count and the accelerate file's engine:
 | part | bytes |
 |---|---|
 | weights | params x 2 (bf16) or 4 |
-| gradients | DDP: its bucket copy of the gradients, params x 4 (the gradients are in the step); ZeRO-2/3: params x 2 / processes plus DeepSpeed's reduce and all-gather buckets (5e8 elements each, bf16) |
+| gradients | DDP: its bucket copy of the gradients, params x 4 (the gradients are in the step); ZeRO-2/3: the fp32 accumulation partition, params x 4 / processes, plus DeepSpeed's reduce and all-gather buckets (5e8 elements each, bf16) |
 | optimizer | fp32 master (bf16 engines) and AdamW's two moments: params x (4 + 8), / processes under ZeRO |
 | EMA | params x 4 on every rank |
 | LPIPS | AlexNet + heads in fp32 when perceptual_weight > 0 |
@@ -187,7 +187,7 @@ def estimate_memory(config) -> MemoryEstimate:
         gpu["gradients"] = params * 4 / GB  # DDP's bucket copy (the gradients themselves are in the step)
         gpu["optimizer"] = params * (8 + (4 if low_precision else 0)) / GB
     else:
-        gpu["gradients"] = params * 2 / processes / GB
+        gpu["gradients"] = params * 4 / processes / GB  # accumulated in fp32 (training/builders.py deepspeed_data_types)
         gpu["deepspeed buckets"] = 2 * DEEPSPEED_BUCKET_ELEMENTS * 2 / GB
         gpu["optimizer"] = params * (4 + 8) / processes / GB
         if zero == 3:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from training.taehv_train import TrainingRun
+    from training.training_run import TrainingRun
 
 
 class RunLog:

@@ -17,7 +17,6 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file by accelerate launch: make the repo importable
@@ -34,12 +33,13 @@ from training.checkpoints import (Progress, check_run_folder, complete_checkpoin
                                   save_checkpoint, weights_fingerprint)
 from training.config import ConfigError, TrainConfig, error_line  # noqa: E402
 from training.dataset import DataFailureError, FailureTracker, IndexFormatError  # noqa: E402
-from training.distill import SeraenaState, WeightEMA, add_seraena_term, forward_losses  # noqa: E402
-from training.faults import (FaultInjection, StopRequest, TrainingStopped, die_with_launcher, drop_gradients,  # noqa: E402
+from training.distill import WeightEMA, add_seraena_term, forward_losses  # noqa: E402
+from training.faults import (TrainingStopped, die_with_launcher, drop_gradients,  # noqa: E402
                              is_collective_timeout, is_memory_error, is_peer_gone, note_bad_step, set_collective_timeout,
                              shorten_collective_timeout, step_out_of_memory)
 from training.run_folder import Run, load_run, record_run  # noqa: E402
 from training.run_log import RunLog, log_training, start_profiler  # noqa: E402
+from training.training_run import TrainingRun  # noqa: E402
 from training.validation import (evaluation_model, record_validation, reference_latents_for, validate,  # noqa: E402
                                  validation_line, with_baseline)
 
@@ -67,39 +67,6 @@ def load_run_config(args: argparse.Namespace) -> Run:
         raise ConfigError("several processes need one run folder: pass --output-dir (the launchers do)")
     return load_run(args.config, overrides, num_processes=world_size, output_dir=args.output_dir or "",
                     resume=args.resume or "")
-
-
-@dataclass
-class TrainingRun:
-    """Everything the loop touches, built once by main()."""
-
-    config: TrainConfig
-    run_dir: Path
-    accelerator: object
-    log: RunLog
-    model: object  # the prepared Student (a DeepSpeed engine under DeepSpeed)
-    optimizer: object
-    scheduler: object
-    loader: object
-    sampler: object
-    validation_dataset: object
-    reference_vae: object
-    seraena: SeraenaState | None
-    ema: WeightEMA | None
-    lpips: object  # models.metrics.LPIPS, or None when its weights are not on this machine
-    failures: FailureTracker
-    progress: Progress
-    profiler: object = None
-    last_metrics: dict = field(default_factory=dict)
-    stop: StopRequest = field(default_factory=StopRequest)
-    faults: FaultInjection = field(default_factory=FaultInjection.from_environment)
-    skipped_steps: dict = field(default_factory=lambda: {"nonfinite": 0, "oom": 0, "reference": 0})
-    last_reference_error: str = ""
-    consecutive_bad_steps: int = 0
-    backward_oom_at: int = 0  # micro-step of an out-of-memory backward on this rank, not yet agreed
-    step_timeout_set: bool = False
-    failed_checkpoints: int = 0
-    stopped_early: bool = False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     accelerator.init_trackers("taehv")
     if run.lpips is None:
         run.log.line("LPIPS weights not found: validation reports PSNR and SSIM only (see docs/evaluation.md)")
-    run.log.line(f"run folder {run_dir} | {accelerator.num_processes} processes | ZeRO {config.zero_stage} | "
+    run.log.line(f"run folder {run_dir} | {accelerator.num_processes} processes | ZeRO {config.zero_stage}{accumulation_dtype(model)} | "
                  f"global batch {config.global_batch_size} | {len(train_dataset)} train / {len(validation_dataset)} "
                  f"validation clips | {describe_teacher(config)}")
     for line in launch.change_lines():  # recorded in resolved_config.json (the previous one kept beside it)
@@ -221,6 +188,13 @@ def fail(code: int, line: str) -> int:
     elif int(os.environ.get("LOCAL_RANK", "0")) == 0:
         print(line, file=sys.stderr, flush=True)
     return code
+
+
+def accumulation_dtype(model) -> str:
+    """What DeepSpeed's optimizer sums gradients in, as the engine holds it (training/builders.py asks
+    fp32 for bf16 engines); '' outside DeepSpeed (DDP accumulates in the parameters' fp32)."""
+    dtype = getattr(getattr(model, "optimizer", None), "gradient_accumulation_dtype", None)
+    return f" (gradients accumulated in {str(dtype).removeprefix('torch.')})" if dtype is not None else ""
 
 
 def describe_teacher(config: TrainConfig) -> str:

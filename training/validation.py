@@ -14,7 +14,7 @@ from training.config import decoded_frame_count
 from training.distill import aligned
 
 if TYPE_CHECKING:
-    from training.taehv_train import TrainingRun
+    from training.training_run import TrainingRun
 
 LOWER_IS_BETTER = ("lpips", "flicker")  # best_metric values (and their decode_ forms) where smaller wins
 SAMPLE_CLIPS = 2  # held-out clips shown in TensorBoard at each validation

@@ -1,0 +1,47 @@
+"""The state of one training run: everything the loop, checkpoints, faults, validation and the run
+log touch, built once by training/taehv_train.py's main() (they import this room, not the entry point)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from training.checkpoints import Progress
+from training.config import TrainConfig
+from training.dataset import FailureTracker
+from training.distill import SeraenaState, WeightEMA
+from training.faults import FaultInjection, StopRequest
+from training.run_log import RunLog
+
+
+@dataclass
+class TrainingRun:
+    """Everything the loop touches, built once by main()."""
+
+    config: TrainConfig
+    run_dir: Path
+    accelerator: object
+    log: RunLog
+    model: object  # the prepared Student (a DeepSpeed engine under DeepSpeed)
+    optimizer: object
+    scheduler: object
+    loader: object
+    sampler: object
+    validation_dataset: object
+    reference_vae: object
+    seraena: SeraenaState | None
+    ema: WeightEMA | None
+    lpips: object  # models.metrics.LPIPS, or None when its weights are not on this machine
+    failures: FailureTracker
+    progress: Progress
+    profiler: object = None
+    last_metrics: dict = field(default_factory=dict)
+    stop: StopRequest = field(default_factory=StopRequest)
+    faults: FaultInjection = field(default_factory=FaultInjection.from_environment)
+    skipped_steps: dict = field(default_factory=lambda: {"nonfinite": 0, "oom": 0, "reference": 0})
+    last_reference_error: str = ""
+    consecutive_bad_steps: int = 0
+    backward_oom_at: int = 0  # micro-step of an out-of-memory backward on this rank, not yet agreed
+    step_timeout_set: bool = False
+    failed_checkpoints: int = 0
+    stopped_early: bool = False
