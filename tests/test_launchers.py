@@ -82,7 +82,7 @@ def test_dry_run_on_a_bare_machine_lists_the_plan_and_every_missing_input(tmp_pa
     plan = result.stdout
     for line in ("global batch     128 clips = 4 per process x 8 processes x 4 accumulation steps",
                  "clip             9 frames of 480x720 (3 latent frames)", "environment:", "command:", "resolved config:",
-                 "memory (estimated per rank", "  GPU per rank: ", " GB of 80 GB (gpu_memory_gb)", ": activations ",
+                 "memory (estimated per rank", "  GPU per rank: ", " GB of 80 GB (gpu_memory_gb)", ": training step ",
                  "  host per rank: ", "  checkpoint: ", "machine:"):
         assert line in plan, line
     if torch.cuda.device_count() < 8:
