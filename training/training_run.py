@@ -38,7 +38,7 @@ class TrainingRun:
     last_metrics: dict = field(default_factory=dict)
     stop: StopRequest = field(default_factory=StopRequest)
     faults: FaultInjection = field(default_factory=FaultInjection.from_environment)
-    skipped_steps: dict = field(default_factory=lambda: {"nonfinite": 0, "oom": 0, "reference": 0})
+    skipped_steps: dict = field(default_factory=lambda: {"nonfinite": 0, "oom": 0, "reference": 0, "worker": 0})
     last_reference_error: str = ""
     consecutive_bad_steps: int = 0
     backward_oom_at: int = 0  # micro-step of an out-of-memory backward on this rank, not yet agreed
