@@ -262,21 +262,26 @@ def profile_config(args):
 
 
 def profile_step_time(config, device: torch.device, steps: int, cached_latents: bool) -> float:
-    """Median seconds of one training micro-step of `config` on this device (the loop's own loss
-    code; the module in the training dtype as DeepSpeed holds it)."""
+    """Median seconds of one training micro-step of `config` on this device, as the trainer runs it:
+    its CUDA settings (TF32, cuDNN autotuning), its student, LPIPS and Seraena builders (Seraena in
+    bf16 autocast on a bf16 GPU run), the loop's own loss code, and its cadence: windows of
+    gradient_accumulation_steps micro-steps, the last one updating Seraena's discriminator and
+    stepping the optimizer. The module is in the training dtype as DeepSpeed holds it."""
+    from types import SimpleNamespace
+
     from models.metrics import LPIPS
     from models.reference_vae import ReferenceVAE, vae_class
-    from training.builders import build_model
-    from training.distill import SeraenaState, add_seraena_term, forward_losses
+    from training.builders import build_model, build_seraena, configure_cuda
+    from training.distill import add_seraena_term, forward_losses
 
+    configure_cuda(config)
     dtype = torch.bfloat16 if config.mixed_precision == "bf16" else torch.float32
     config.pretrained_model_path = ""
     torch.manual_seed(0)
     student = build_model(config).to(device, dtype)
     optimizer = torch.optim.AdamW(student.parameters(), lr=1e-4, fused=device.type == "cuda")
     lpips = LPIPS().to(device).requires_grad_(False) if config.perceptual_weight > 0 else None
-    seraena = (SeraenaState(student.taehv.latent_channels, 3e-4, 64, 0, 0, device, None)
-               if config.seraena_weight > 0 else None)
+    seraena = build_seraena(config, SimpleNamespace(device=device, process_index=0), student.taehv)
     video = torch.rand(config.batch_size_per_gpu, config.n_frames, 3, config.height, config.width, device=device)
     reference, latents = None, None
     if config.use_ref_vae:
@@ -285,17 +290,19 @@ def profile_step_time(config, device: torch.device, steps: int, cached_latents: 
         with torch.no_grad():
             latents = reference.encode(video)
     timer = PhaseTimer(device)
+    window = config.gradient_accumulation_steps
 
     def step():
-        step_latents = latents if cached_latents or reference is None else reference.encode(video)
-        losses = forward_losses(config, student, video.to(dtype), step_latents, lpips)
-        add_seraena_term(config, seraena, losses).backward()
+        for micro_step in range(window):
+            step_latents = latents if cached_latents or reference is None else reference.encode(video)
+            losses = forward_losses(config, student, video.to(dtype), step_latents, lpips)
+            add_seraena_term(config, seraena, losses, update_discriminator=micro_step == window - 1).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
     for _ in range(steps + 3):
         timer("step", step)
-    return timer.medians(3)["step"]
+    return timer.medians(3)["step"] / window
 
 
 def profile_benchmark(args) -> dict:

@@ -111,6 +111,19 @@ def test_profile_benchmark_counts_the_whole_h100_step_without_running_it(tmp_pat
     assert report["device"].startswith("none (dry run")
 
 
+def test_profile_benchmark_times_the_trainers_window_at_a_small_shape(tmp_path):
+    """The h100 step as the trainer runs it (its builders, Seraena's cadence: one discriminator
+    update per window of 2 micro-steps), at 1 x 9 x 32 x 48 on this CPU: it runs and reports per
+    micro-step."""
+    out = tmp_path / "small.json"
+    completed = subprocess.run([sys.executable, "-m", "scripts.benchmark", "--profile", "h100", "--set", "height=32", "--set", "width=48",
+                                "--set", "batch_size_per_gpu=1", "--set", "gradient_accumulation_steps=2", "--set", "global_batch_size=16",
+                                "--steps", "1", "--json", str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["step_s"] > 0 and report["clips_per_s_per_gpu"] == pytest.approx(1 / report["step_s"])
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
 def test_gpu_check_stops_with_one_line_without_cuda(tmp_path):
     completed = subprocess.run([sys.executable, "-m", "scripts.gpu_check", "--out", str(tmp_path / "out")],
