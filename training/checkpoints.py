@@ -180,10 +180,12 @@ def stateful_objects(run: TrainingRun) -> dict:
 
 
 def save_stateful_objects(run: TrainingRun, folder: Path) -> None:
-    """<name>_state.pt for each, written by rank 0 (they are identical on every rank)."""
+    """<name>_state.pt for each, written by rank 0 (they are identical on every rank). Every rank
+    takes the states: the EMA's gathers its partitions (training/distill.py PartitionedEMA)."""
+    states = {name: obj.state_dict() for name, obj in stateful_objects(run).items()}
     if run.accelerator.is_main_process:
-        for name, obj in stateful_objects(run).items():
-            torch.save(obj.state_dict(), folder / f"{name}_state.pt")
+        for name, state in states.items():
+            torch.save(state, folder / f"{name}_state.pt")
 
 
 def load_stateful_objects(folder: Path, objects: dict) -> None:

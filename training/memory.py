@@ -16,7 +16,7 @@ arithmetic on the parameter count and the accelerate file's engine:
 | weights | params x 2 (bf16) or 4 |
 | gradients | DDP: its bucket copy of the gradients, params x 4 (the gradients are in the step); ZeRO-2/3: the fp32 accumulation partition, params x 4 / processes, plus DeepSpeed's reduce and all-gather buckets (5e8 elements each, bf16) |
 | optimizer | fp32 master (bf16 engines) and AdamW's two moments: params x (4 + 8), / processes under ZeRO |
-| EMA | params x 4 on every rank |
+| EMA | params x 4, / processes under ZeRO-1/2 (each rank averages its own partition) |
 | LPIPS | AlexNet + heads in fp32 when perceptual_weight > 0 |
 | reference VAE | its weights in bf16 when it runs on the fly |
 | cuDNN workspace | an allowance of 1 GB for convolution algorithms' scratch memory |
@@ -192,7 +192,8 @@ def estimate_memory(config) -> MemoryEstimate:
         gpu["optimizer"] = params * (4 + 8) / processes / GB
         if zero == 3:
             gpu["weights"] /= processes
-    gpu["EMA"] = params * 4 / GB if config.ema_decay > 0 else 0.0
+    ema_share = processes if zero in (1, 2) else 1  # ZeRO-1/2: each rank averages its own partition
+    gpu["EMA"] = params * 4 / ema_share / GB if config.ema_decay > 0 else 0.0
     gpu["LPIPS"] = LPIPS_PARAMS * 4 / GB if config.perceptual_weight > 0 else 0.0
     if config.use_ref_vae and not config.latent_cache:
         gpu["reference VAE weights"] = REFERENCE_VAE_PARAMS.get(config.ref_vae_family, 250e6) * 2 / GB

@@ -29,11 +29,11 @@ from training.builders import (build_accelerator, build_datasets, build_lpips, b
                                build_reference_vae, build_seraena, build_train_loader, check_deepspeed_batch,
                                choose_sample_data, configure_cuda, model_dtype)
 from training.checkpoints import (Progress, check_run_folder, complete_checkpoints, current_weights,  # noqa: E402
-                                  export_info, export_model, full_state_dict, master_weights, resume,
+                                  export_info, export_model, full_state_dict, resume,
                                   save_checkpoint, weights_fingerprint)
 from training.config import ConfigError, TrainConfig, error_line  # noqa: E402
 from training.dataset import DataFailureError, FailureTracker, IndexFormatError  # noqa: E402
-from training.distill import WeightEMA, add_seraena_term, forward_losses  # noqa: E402
+from training.distill import PartitionedEMA, WeightEMA, add_seraena_term, forward_losses  # noqa: E402
 from training.faults import (TrainingStopped, die_with_launcher, drop_gradients,  # noqa: E402
                              is_collective_timeout, is_memory_error, is_peer_gone, note_bad_step, set_collective_timeout,
                              loader_batches, shorten_collective_timeout, step_out_of_memory)
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     model, optimizer = accelerator.prepare(model, optimizer)
     set_collective_timeout(config.nccl_timeout_s)  # DeepSpeed's groups too, until the first step shortens it
     check_deepspeed_batch(accelerator, config)
-    ema = WeightEMA(full_state_dict(accelerator, model), config.ema_decay, accelerator.device) if config.ema_decay > 0 else None
+    ema = build_ema(config, accelerator, model)
     run = TrainingRun(
         config, run_dir, accelerator, RunLog(run_dir, accelerator.is_main_process), model, optimizer, scheduler,
         loader, sampler, validation_dataset, reference_vae,
@@ -190,6 +190,17 @@ def fail(code: int, line: str) -> int:
     return code
 
 
+def build_ema(config: TrainConfig, accelerator, model):
+    """ZeRO-1/2 average their own partition's fp32 masters (no collective per step); DDP averages
+    its own parameters; ZeRO-3, whose parameters are partitioned too, gathers them each step."""
+    if config.ema_decay <= 0:
+        return None
+    weights = full_state_dict(accelerator, model)
+    if config.zero_stage in (1, 2):
+        return PartitionedEMA(weights, config.ema_decay, accelerator.device, accelerator.unwrap_model(model))
+    return WeightEMA(weights, config.ema_decay, accelerator.device)
+
+
 def accumulation_dtype(model) -> str:
     """What DeepSpeed's optimizer sums gradients in, as the engine holds it (training/builders.py asks
     fp32 for bf16 engines); '' outside DeepSpeed (DDP accumulates in the parameters' fp32)."""
@@ -238,7 +249,7 @@ def train(run: TrainingRun) -> None:
             if not run.step_timeout_set:
                 shorten_collective_timeout(run)
             if run.ema is not None:
-                run.ema.update(master_weights(accelerator, run.model))
+                run.ema.step(accelerator, run.model)
             if run.profiler is not None:
                 run.profiler.step()
             if bar is not None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from training.checkpoints import Progress
 from training.config import TrainConfig
 from training.dataset import FailureTracker
-from training.distill import SeraenaState, WeightEMA
+from training.distill import PartitionedEMA, SeraenaState, WeightEMA
 from training.faults import FaultInjection, StopRequest
 from training.run_log import RunLog
 
@@ -30,7 +30,7 @@ class TrainingRun:
     validation_dataset: object
     reference_vae: object
     seraena: SeraenaState | None
-    ema: WeightEMA | None
+    ema: WeightEMA | PartitionedEMA | None
     lpips: object  # models.metrics.LPIPS, or None when its weights are not on this machine
     failures: FailureTracker
     progress: Progress
