@@ -42,6 +42,7 @@ def test_every_shipped_gpu_profile_fits_its_device():
         assert budget_problem(config, estimate) == "", profile
         assert 10 < estimate.gpu_gb <= HEADROOM * config.gpu_memory_gb, (profile, estimate.gpu)  # the margin we ship with
         assert estimate.host_gb < 64 and estimate.checkpoint_gb > 0
+        assert 1 < estimate.reference_encode_gb < estimate.gpu["training step"], (profile, estimate.reference_encode_gb)
 
 
 def test_a_profile_over_its_gpu_memory_is_refused_with_the_fix():

@@ -18,16 +18,17 @@ arithmetic on the parameter count and the accelerate file's engine:
 | optimizer | fp32 master (bf16 engines) and AdamW's two moments: params x (4 + 8), / processes under ZeRO |
 | EMA | params x 4, / processes under ZeRO-1/2 (each rank averages its own partition) |
 | LPIPS | AlexNet + heads in fp32 when perceptual_weight > 0 |
-| reference VAE | its weights in bf16 when it runs on the fly |
+| reference VAE | its weights in bf16 when it runs on the fly; its encode, measured, where it exceeds the step |
 | cuDNN workspace | an allowance of 1 GB for convolution algorithms' scratch memory |
 | CUDA context and allocator slack | 1.5 GB |
 
 Host per rank: the Seraena replay buffer (uint8 frame groups, bf16 contexts; its capacity is
 capped by seraena_buffer_gb), the batches the data workers hold, and a process baseline.
 Checkpoint: weights, optimizer state, EMA, and every rank's replay buffer (one file per rank).
-Not measured: the reference VAE's own encode when it runs on the fly (before the student's
-step, so it adds only where it is larger; a latent cache removes it) and allocator
-fragmentation: the shipped profiles keep to 90% of their device by this measure.
+The reference VAE's encode of one batch, when it runs on the fly, is measured the same way (its
+published architecture from diffusers, bf16): it runs before the student's step and is freed
+before it, so only what exceeds the step counts. Not measured: allocator fragmentation; the
+shipped profiles keep to 90% of their device by this measure.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ class MemoryEstimate:
     gpu: dict = field(default_factory=dict)  # part -> GB per rank
     host: dict = field(default_factory=dict)
     checkpoint_gb: float = 0.0
+    reference_encode_gb: float = 0.0  # the reference VAE's encode of one batch on the fly (measured), 0 without one
+    note: str = ""
 
     @property
     def gpu_gb(self) -> float:
@@ -73,7 +76,9 @@ class MemoryEstimate:
         budget = f" of {budget_gb:g} GB (gpu_memory_gb)" if budget_gb else ""
         if budget_gb and HEADROOM * budget_gb < self.gpu_gb <= budget_gb:
             budget += " (above 90%: fragmentation and the reference VAE's encode are not in it; gradient_checkpointing=true lowers it)"
-        return [f"GPU per rank:  {self.gpu_gb:.1f} GB{budget}: {parts(self.gpu)}",
+        encode = (f" (the reference VAE's encode of a batch measures {self.reference_encode_gb:.1f} GB, before the step)"
+                  if self.reference_encode_gb else f" ({self.note})" if self.note else "")
+        return [f"GPU per rank:  {self.gpu_gb:.1f} GB{budget}: {parts(self.gpu)}{encode}",
                 f"host per rank: {self.host_gb:.1f} GB: {parts(self.host)}",
                 f"checkpoint:    {self.checkpoint_gb:.2f} GB per checkpoint folder"]
 
@@ -170,6 +175,34 @@ def measure_step(config, fake: bool = True, batch: int | None = None, height: in
         return weights, tracker.peak
 
 
+def measure_reference_encode(config) -> int:
+    """Peak bytes of the reference VAE's encode of one batch (its published architecture from
+    diffusers, bf16, tiling as configured) beyond its weights, on fake tensors. It runs before the
+    student's step and is freed before it, so a rank needs the larger of the two."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from models.reference_vae import ReferenceVAE, vae_class
+
+    default_dtype = torch.get_default_dtype()
+    with FakeTensorMode():
+        torch.set_default_dtype(torch.bfloat16)  # as the step: built in its dtype
+        try:
+            vae = vae_class(config.ref_vae_family)().eval()
+        finally:
+            torch.set_default_dtype(default_dtype)
+        if config.ref_vae_tiling and hasattr(vae, "enable_tiling"):
+            vae.enable_tiling()
+        reference = ReferenceVAE(vae, config.ref_vae_family, sample_latents=config.ref_vae_sample_latents)
+        video = torch.rand(config.batch_size_per_gpu, config.n_frames, 3, config.height, config.width)
+        tracker = StepPeak()
+        with tracker, torch.no_grad():
+            for tensor in (*vae.parameters(), video):
+                tracker.count(tensor)
+            weights = sum(p.untyped_storage().nbytes() for p in vae.parameters())
+            reference.encode(video)
+        return tracker.peak - weights
+
+
 def estimate_memory(config) -> MemoryEstimate:
     from models.taehv import TAEHV
 
@@ -197,6 +230,12 @@ def estimate_memory(config) -> MemoryEstimate:
     gpu["LPIPS"] = LPIPS_PARAMS * 4 / GB if config.perceptual_weight > 0 else 0.0
     if config.use_ref_vae and not config.latent_cache:
         gpu["reference VAE weights"] = REFERENCE_VAE_PARAMS.get(config.ref_vae_family, 250e6) * 2 / GB
+        try:
+            estimate.reference_encode_gb = measure_reference_encode(config) / GB
+        except Exception as error:  # an architecture fake tensors cannot trace: said, not fatal to a dry run
+            estimate.note = f"the reference VAE's encode was not measured ({type(error).__name__}: {str(error)[:120]})"
+        # the encode's working memory is gone before the step starts: only what exceeds the step counts
+        gpu["reference encode beyond the step"] = max(0.0, estimate.reference_encode_gb - gpu["training step"])
     gpu["cuDNN workspace"] = CUDNN_WORKSPACE_GB
     gpu["CUDA context"] = CUDA_CONTEXT_GB
 
