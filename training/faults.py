@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from training.checkpoints import complete_checkpoints, save_checkpoint
+from training.storage import StorageUnavailable
 
 if TYPE_CHECKING:
     from training.training_run import TrainingRun
@@ -202,6 +203,9 @@ def loader_batches(run: TrainingRun):
             for batch in run.loader:
                 yield batch
             return
+        except StorageUnavailable as error:  # past storage_retry_s: every rank stops together (train_step)
+            run.storage_down = str(error).splitlines()[-1].removeprefix("Original ").strip()
+            print(f"rank {run.accelerator.process_index}: {run.storage_down}", file=sys.stderr, flush=True)
         except RuntimeError as error:
             if "DataLoader worker" not in str(error):
                 raise

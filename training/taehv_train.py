@@ -33,6 +33,7 @@ from training.checkpoints import (Progress, check_run_folder, complete_checkpoin
                                   save_checkpoint, weights_fingerprint)
 from training.config import ConfigError, TrainConfig, error_line  # noqa: E402
 from training.dataset import DataFailureError, FailureTracker, IndexFormatError  # noqa: E402
+from training.storage import StorageUnavailable  # noqa: E402
 from training.distill import PartitionedEMA, WeightEMA, add_seraena_term, forward_losses  # noqa: E402
 from training.faults import (TrainingStopped, die_with_launcher, drop_gradients,  # noqa: E402
                              is_collective_timeout, is_memory_error, is_peer_gone, note_bad_step, set_collective_timeout,
@@ -84,10 +85,10 @@ def main(argv: list[str] | None = None) -> int:
 
     configure_cuda(config)
     try:  # data problems show before process groups, DeepSpeed and the model are set up
-        train_dataset, validation_dataset = build_datasets(config)
+        train_dataset, validation_dataset = build_datasets(config, run_dir)
         rank = int(os.environ.get("RANK", "0"))  # what accelerate's process_index will be
         loader, sampler = build_train_loader(config, train_dataset, rank, config.num_processes)
-    except (DataFailureError, IndexFormatError) as error:
+    except (DataFailureError, IndexFormatError, StorageUnavailable) as error:
         return fail(3, f"data error: {error}")
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if torch.cuda.is_available() else torch.device("cpu")
     try:  # a reference VAE that cannot load is a one-line error, before DeepSpeed starts
@@ -329,8 +330,13 @@ def train_step(run: "TrainingRun", batch) -> tuple[dict | None, str, str]:
         run.failures.update([("decode_error", "(injected)")] * (run.failures.min_draws + run.failures.draws), 0)
     agreed = agree(accelerator, worker=lost_batch, oom=out_of_memory, nonfinite=losses is not None and not losses.finite(),
                    reference=reference_failed, data=bool(run.failures.problem()), stop=run.stop.requested,
-                   backward_oom=bool(run.backward_oom_at))
+                   backward_oom=bool(run.backward_oom_at), storage=bool(run.storage_down))
     run.stop.agreed = agreed.any("stop")
+    if agreed.any("storage"):  # the store is down past storage_retry_s: waiting longer is the user's call
+        latest = complete_checkpoints(run.run_dir)
+        raise TrainingStopped(f"object storage did not answer {agreed.where('storage')} ({run.storage_down or 'that rank says why'}); "
+                              f"the last checkpoint is {latest[-1].name if latest else 'none'}: --resume latest continues "
+                              "once the store answers")
     if agreed.any("data"):  # the same message on every rank; the rank that counted them names the files
         if run.failures.problem():
             print(f"rank {accelerator.process_index}: {run.failures.problem()}", file=sys.stderr, flush=True)

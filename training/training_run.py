@@ -41,6 +41,7 @@ class TrainingRun:
     skipped_steps: dict = field(default_factory=lambda: {"nonfinite": 0, "oom": 0, "reference": 0, "worker": 0})
     last_reference_error: str = ""
     consecutive_bad_steps: int = 0
+    storage_down: str = ""  # this rank's loader gave up on object storage (training/storage.py), not yet agreed
     backward_oom_at: int = 0  # micro-step of an out-of-memory backward on this rank, not yet agreed
     step_timeout_set: bool = False
     failed_checkpoints: int = 0
