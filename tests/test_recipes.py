@@ -70,6 +70,29 @@ def test_scale_augmented_training_clips_keep_their_size_and_differ_from_plain_cr
     assert torch.equal(validation[0]["video"], plain_validation[0]["video"])
 
 
+def test_scale_augmentation_crops_first_and_shows_the_pixels_of_scaling_the_whole_frame():
+    """zoomed_crop cuts the region out of the original frame and scales only it; the result is the
+    crop of the whole frame scaled to the zoomed size (what the loader did before), pixel for pixel
+    up to rounding, at every zoom and position drawn."""
+    import random
+
+    import torch.nn.functional as F
+
+    from training.dataset import cover_size, zoomed_cover, zoomed_crop
+
+    generator = torch.Generator().manual_seed(0)
+    smooth = F.interpolate(torch.rand(2, 3, 27, 48, generator=generator), size=(216, 384), mode="bicubic", align_corners=False)
+    video = (smooth.clamp(0, 1) * 255).round().to(torch.uint8)  # a 216x384 frame with detail at several scales
+    for seed in range(12):
+        u = random.Random(seed).random()
+        crop, (top, left) = zoomed_crop(video, 48, 72, u, 16, random.Random(seed))
+        size = cover_size(216, 384, *zoomed_cover(216, 384, 0, (48, 72), u, 16))
+        whole = F.interpolate(video.float(), size=size, mode="bilinear", antialias=True, align_corners=False)
+        expected = whole[..., top : top + 48, left : left + 72].round().clamp(0, 255)
+        assert crop.shape == (2, 3, 48, 72)
+        assert (crop.float() - expected).abs().max() <= 1, (seed, u, size)  # rounding only
+
+
 def test_a_staged_run_interrupted_in_stage_two_resumes_there(public_weights, tmp_path):
     """Stage 1 at 32x32, stage 2 at 48x48, the encoder frozen in both; a stop during stage 2, then
     the printed command (the user's own options again): stage 1 is not run again, stage 2 continues

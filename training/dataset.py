@@ -290,15 +290,11 @@ class Decoded:
     decoded: int  # frames the decoder produced (from the keyframe before the start)
 
 
-def decode_frames(path: Path, wanted: list[int], cover: tuple[int, int] | None = None, threads: int = 2,
-                  zoom: tuple[float, int] | None = None) -> Decoded:
+def decode_frames(path: Path, wanted: list[int], cover: tuple[int, int] | None = None, threads: int = 2) -> Decoded:
     """Frames at the given (sorted) indices, by seeking to the keyframe before the first one and
     decoding forward. Frame indices are times x average fps, so variable-rate files and wrong
     header counts work. With `cover` (H, W), frames are scaled during the RGB conversion
-    (libswscale) so that, once rotated, they cover H x W; with `zoom` (u, min_side) too, they
-    cover a larger size such that an H x W crop shows a region of the original frame whose
-    shorter side is drawn (by u in [0, 1)) between min_side pixels and the largest region of the
-    training aspect (scale augmentation: `zoomed_cover`)."""
+    (libswscale) so that, once rotated, they cover H x W; without it they keep their stored size."""
     import av
 
     try:
@@ -332,8 +328,7 @@ def decode_frames(path: Path, wanted: list[int], cover: tuple[int, int] | None =
                     if not frames:  # the first kept frame fixes rotation and scaling for the clip
                         rotation = int(getattr(frame, "rotation", 0) or 0)
                         if cover:
-                            target_size = zoomed_cover(frame.height, frame.width, rotation, cover, *zoom) if zoom else cover
-                            scaling.update(_scaling(frame.height, frame.width, rotation, target_size))
+                            scaling.update(_scaling(frame.height, frame.width, rotation, cover))
                     frames.append(frame.to_ndarray(**scaling))
                     target = next(targets, None)
                 if target is None:
@@ -387,7 +382,7 @@ def _scaling(height: int, width: int, rotation: int, cover: tuple[int, int]) -> 
 
 def read_clip(path: Path, frame_count: int, n_frames: int, min_delta: int, max_delta: int,
               rng: random.Random, loop_short: bool, cover: tuple[int, int] | None = None,
-              threads: int = 2, zoom: tuple[float, int] | None = None) -> tuple[np.ndarray, int, list[int]]:
+              threads: int = 2) -> tuple[np.ndarray, int, list[int]]:
     """(n_frames,H,W,3 uint8 with rotation applied and scaled to cover `cover` when given, frames
     the decoder produced, the stream frame index behind each output frame). A wrong or missing
     header count is corrected by what decoding finds, with one more seek."""
@@ -404,7 +399,7 @@ def read_clip(path: Path, frame_count: int, n_frames: int, min_delta: int, max_d
         wanted = [start + i * stride for i in range(n_frames)]
         if loop_short and frame_count < wanted[-1] + 1:
             wanted = sorted({w % frame_count for w in wanted})
-        result = decode_frames(path, wanted, cover, threads, zoom)
+        result = decode_frames(path, wanted, cover, threads)
         decoded_total += result.decoded
         frames, rotation = result.frames, result.rotation
         if len(frames) == len(wanted):
@@ -437,12 +432,11 @@ def read_frames(path: Path, sources: list[int], cover: tuple[int, int] | None = 
 
 
 def resize_and_crop(video: torch.Tensor, height: int, width: int, rng: random.Random | None,
-                    origin: tuple[int, int] | None = None, zoomed: bool = False) -> tuple[torch.Tensor, tuple[int, int]]:
+                    origin: tuple[int, int] | None = None) -> tuple[torch.Tensor, tuple[int, int]]:
     """T,3,h,w uint8 -> (T,3,height,width uint8, (top, left)): scale (keeping aspect, up or down)
-    to cover, then crop at `origin` when given, else random when rng is given, else centred.
-    `zoomed`: the frames were scaled by read_clip(zoom=...) to more than cover: crop only."""
+    to cover, then crop at `origin` when given, else random when rng is given, else centred."""
     h, w = video.shape[-2:]
-    new_h, new_w = (h, w) if zoomed else cover_size(h, w, height, width)
+    new_h, new_w = cover_size(h, w, height, width)
     if (new_h, new_w) != (h, w):  # frames from read_clip(cover=...) already cover: crop only
         video = F.interpolate(video.float(), size=(new_h, new_w), mode="bilinear", antialias=True, align_corners=False)
         video = video.round().clamp(0, 255).to(torch.uint8)
@@ -451,6 +445,28 @@ def resize_and_crop(video: torch.Tensor, height: int, width: int, rng: random.Ra
                   else ((new_h - height) // 2, (new_w - width) // 2))
     top, left = origin
     return video[..., top : top + height, left : left + width], (top, left)
+
+
+def zoomed_crop(video: torch.Tensor, height: int, width: int, u: float, min_side: int,
+                rng: random.Random) -> tuple[torch.Tensor, tuple[int, int]]:
+    """Scale augmentation: T,3,h,w uint8 frames at their own size (rotation applied) -> the
+    height x width crop, at a random (top, left), of the frame scaled to cover zoomed_cover(...).
+    Zooming in, only the crop is computed (bilinear sampling of the original at the positions the
+    whole scaled frame would use: the same pixels, without scaling a 1080p frame up to 17x);
+    zooming out, the frame is scaled down first, as no larger than the original."""
+    h, w = video.shape[-2:]
+    zoomed_h, zoomed_w = cover_size(h, w, *zoomed_cover(h, w, 0, (height, width), u, min_side))  # keeping the aspect
+    top, left = rng.randrange(zoomed_h - height + 1), rng.randrange(zoomed_w - width + 1)
+    if zoomed_h * zoomed_w <= h * w:
+        scaled = F.interpolate(video.float(), size=(zoomed_h, zoomed_w), mode="bilinear", antialias=True, align_corners=False)
+        crop = scaled[..., top : top + height, left : left + width]
+    else:  # source positions as torch's bilinear (align_corners=False) maps them, clamped at the border
+        ys = ((torch.arange(top, top + height) + 0.5) * (h / zoomed_h) - 0.5).clamp(0, h - 1)
+        xs = ((torch.arange(left, left + width) + 0.5) * (w / zoomed_w) - 0.5).clamp(0, w - 1)
+        grid = torch.stack(torch.meshgrid(xs / max(w - 1, 1) * 2 - 1, ys / max(h - 1, 1) * 2 - 1, indexing="xy"), dim=-1)
+        crop = F.grid_sample(video.float(), grid.expand(video.shape[0], height, width, 2), mode="bilinear",
+                             padding_mode="border", align_corners=True)
+    return crop.round().clamp(0, 255).to(torch.uint8), (top, left)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -499,13 +515,15 @@ class VideoClipDataset(Dataset):
             try:
                 with self.index.local_copy(i) as path:
                     frames, decoded, sources = read_clip(path, int(self.index.frames[i]), spec.n_frames, spec.min_frame_delta,
-                                                         max_delta, window_rng, spec.loop_short_clips, cover=(spec.height, spec.width),
-                                                         threads=spec.decode_threads, zoom=zoom)
+                                                         max_delta, window_rng, spec.loop_short_clips,
+                                                         cover=None if zoom else (spec.height, spec.width),  # zoom: own size
+                                                         threads=spec.decode_threads)
             except ClipError as error:
                 skipped.append((error.reason, self.index.location(i)))
                 continue
-            video, crop = resize_and_crop(torch.from_numpy(frames).permute(0, 3, 1, 2), spec.height, spec.width,
-                                          rng if self.train else None, zoomed=zoom is not None)
+            video = torch.from_numpy(frames).permute(0, 3, 1, 2)
+            video, crop = (zoomed_crop(video, spec.height, spec.width, *zoom, rng) if zoom
+                           else resize_and_crop(video, spec.height, spec.width, rng if self.train else None))
             flip = self.train and spec.horizontal_flip and rng.random() < 0.5
             recipe = {"clip": self.index.relative(i), "sources": sources, "crop": crop, "flip": flip}
             return {"video": (video.flip(-1) if flip else video).contiguous(), "skipped": skipped,
