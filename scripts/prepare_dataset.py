@@ -205,12 +205,16 @@ def prepare_dataset(source: str, out: str, *, cover: tuple[int, int] = (480, 720
     try:
         shards = plan_shards(sources, shard_size)
         done: dict[int, dict] = {}
-        for number, members in enumerate(shards):  # a complete shard of the same sources is kept
+        recorded = json.loads(json.dumps(asdict(settings)))  # as a shard file holds them (lists, not tuples)
+        for number, members in enumerate(shards):  # a complete shard of the same sources and settings is kept
             previous = output.read_json(f"shards/{number:05d}.json")
-            if previous and previous.get("sources") == members and previous.get("settings") == asdict(settings):
+            if previous and previous.get("sources") == members and previous.get("settings") == recorded:
                 done[number] = previous
         pending = {number: {"sources": members, "clips": [], "failures": [], "left": len(members)}
                    for number, members in enumerate(shards) if number not in done}
+        for number in pending:  # segments a killed run left half-written
+            for leftover in (output.local / "clips" / f"{number:05d}").glob(".*.mp4"):
+                leftover.unlink(missing_ok=True)
         jobs = [(number, relative) for number, shard in pending.items() for relative in shard["sources"]]
         bar = tqdm(total=len(sources), initial=len(sources) - len(jobs), unit="source", desc="preparing", disable=not show_progress)
         attempts: dict[tuple[int, str], int] = {}

@@ -120,6 +120,31 @@ def test_two_processes_train_from_the_store_across_an_outage_and_resume_exactly(
     assert second == first, output[-3000:]
 
 
+def test_an_outage_longer_than_storage_retry_s_stops_every_rank_with_the_resume_command(s3_server, prepared_in_store, tmp_path):
+    url, _ = prepared_in_store
+    run_dir = tmp_path / "run"
+    process = launch(s3_server, ["2", "test", "--output-dir", str(run_dir), "--max-steps", "40", "--set", f"data_root={url}",
+                                 "--set", "data_cache_gb=0", "--set", "storage_retry_s=3", "--set", "validation_steps=40",
+                                 "--set", f"data_cache_dir={tmp_path / 'cache'}"])
+    try:
+        deadline = time.monotonic() + 240
+        while not (run_dir / "checkpoints" / "checkpoint-2").is_dir():
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0][-3000:]
+            time.sleep(0.05)
+        s3_server.stop()
+        output, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        s3_server.start()
+    assert process.returncode == 3, output[-4000:]
+    assert re.search(r"stopped on rank [01]: no data from object storage on ranks? [0-9, ]+: object store \S+ did not answer "
+                     r"reading s3://clips/prepared/clips/\S+ for \d+ s \(storage_retry_s=3; EndpointConnectionError\); the last "
+                     r"checkpoint is checkpoint-\d+: --resume latest continues once the store answers", output), output[-4000:]
+    assert "continue with:" in output and "--resume latest" in output.split("continue with:")[-1], output[-2000:]
+    assert "Traceback" not in output, output[-4000:]
+
+
 @pytest.mark.parametrize("case", ["missing bucket", "bad credentials"])
 def test_a_missing_bucket_or_refused_credentials_is_one_line_before_anything_starts(s3_server, tmp_path, case):
     url = "s3://no-such-bucket/videos" if case == "missing bucket" else "s3://clips/prepared"

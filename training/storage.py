@@ -113,7 +113,7 @@ class ObjectStore:
                           f"storage_retry_s={self.retry_s:g} s", file=sys.stderr, flush=True)
                 if waited + delay > self.retry_s:
                     raise StorageUnavailable(f"object store {self.endpoint} did not answer {what} for {waited:.0f} s "
-                                             f"(storage_retry_s={self.retry_s:g}): {error}") from None
+                                             f"(storage_retry_s={self.retry_s:g}; {type(error).__name__})") from None
                 time.sleep(delay)
                 delay = min(delay * 2, 15.0)
 

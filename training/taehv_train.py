@@ -334,7 +334,7 @@ def train_step(run: "TrainingRun", batch) -> tuple[dict | None, str, str]:
     run.stop.agreed = agreed.any("stop")
     if agreed.any("storage"):  # the store is down past storage_retry_s: waiting longer is the user's call
         latest = complete_checkpoints(run.run_dir)
-        raise TrainingStopped(f"object storage did not answer {agreed.where('storage')} ({run.storage_down or 'that rank says why'}); "
+        raise TrainingStopped(f"no data from object storage {agreed.where('storage')}: {run.storage_down or 'that rank says why'}; "
                               f"the last checkpoint is {latest[-1].name if latest else 'none'}: --resume latest continues "
                               "once the store answers")
     if agreed.any("data"):  # the same message on every rank; the rank that counted them names the files
