@@ -21,6 +21,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from training.dataset import ClipError, probe_video, scan_videos
+from training.launch import die_with_parent
 from training.prepare_once import unique_temporary
 
 
@@ -78,7 +79,7 @@ def build_index(root: Path, out: Path, workers: int | None = None, show_progress
             jobs.append((str(root), relative))
     probed = []
     if jobs:
-        with ProcessPoolExecutor(max_workers=workers or os.cpu_count()) as pool:
+        with ProcessPoolExecutor(max_workers=workers or os.cpu_count(), initializer=die_with_parent) as pool:
             results = pool.map(probe_one, jobs, chunksize=max(1, min(256, len(jobs) // (4 * (workers or os.cpu_count() or 1)))))
             probed = list(tqdm(results, total=len(jobs), unit="file", desc="probing", disable=not show_progress))
     records = sorted(kept + probed, key=lambda r: r["path"])

@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from training.dataset import ClipIndex, cover_size, is_remote, list_videos, read_index
+from training.launch import die_with_parent
 from training.prepare_once import unique_temporary
 from training.storage import ObjectStore
 
@@ -234,7 +235,8 @@ def prepare_dataset(source: str, out: str, *, cover: tuple[int, int] = (480, 720
 
         queue = list(jobs)
         while queue:
-            with ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+            # workers die with this process (a kill of it leaves no orphan decoding on)
+            with ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1, initializer=die_with_parent) as pool:
                 running: dict = {}
                 try:
                     while queue or running:

@@ -9,11 +9,23 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import av
 import pytest
 
 from conftest import REPO_ROOT, SAMPLE_VIDEOS, free_port
+
+
+def processes_naming(path) -> list[int]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(path).encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return found
 
 
 @pytest.mark.slow
@@ -30,6 +42,10 @@ def test_prepare_real_clips_resume_after_a_kill_and_train_two_processes(tmp_path
         time.sleep(0.05)
     first.send_signal(signal.SIGKILL)
     first.wait()
+    deadline = time.monotonic() + 10
+    while processes_naming(out):  # its decoding workers die with it
+        assert time.monotonic() < deadline, f"orphaned workers: {processes_naming(out)}"
+        time.sleep(0.1)
     kept = {path.name: path.stat().st_mtime_ns for path in (out / "shards").glob("*.json")}
     assert not (out / "dataset.json").exists()
 
