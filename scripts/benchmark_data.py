@@ -7,8 +7,14 @@ clips made here): the raw sequential decode rate of the files (frames/s, PyAV, e
 and the training dataset's rate at 480x720x12 frames (random start, stride 1-3, resize + crop)
 with 1 and N loader workers, in clips/s, delivered frames/s (frames in the clips) and decoded
 frames/s (frames the decoder produced, from the keyframe before each start). `ratio_1worker` is
-one worker's decoded frames/s over the raw rate: the pipeline's overhead on top of decoding. Last, the resident and private memory of a loader worker
+one worker's decoded frames/s over the raw rate: the pipeline's overhead on top of decoding. Then the resident and private memory of a loader worker
 whose dataset holds a one-million-entry index.
+
+Decode budget (`core_s_per_clip`, read by the dry run through training/decode_budget.py): 1080p
+H.264 sources with x264's default keyframe interval (250) made here (`raw`), and the same after
+scripts/prepare_dataset.py (`prepared`); training clips drawn at the h100 profile's clip shape in
+this process, one decoder thread, one torch thread: CPU seconds per clip (one core) and clips/s
+of one worker. Only that part: --decode-cost-only.
 """
 
 from __future__ import annotations
@@ -119,6 +125,65 @@ def synthetic_720p(folder: Path, count: int = 4, frames: int = 48) -> list[Path]
     return paths
 
 
+def long_gop_sources(folder: Path, count: int, frames: int) -> list[Path]:
+    """1080x1920 H.264 with keyint 250 (x264's default; phone and camera files look like this).
+    Frames are synthetic scenes rendered at 270x480 and enlarged 4x: real texture costs the
+    renderer too much at 1080p, and the decoder's cost is set by resolution and GOP."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(count):
+        path = folder / f"raw_1080p_{i}.mp4"
+        small = render_clip(200 + i, frames, 270, 480)
+        with av.open(str(path), mode="w") as container:
+            stream = container.add_stream("libx264", rate=30)
+            stream.height, stream.width, stream.pix_fmt = 1080, 1920, "yuv420p"
+            stream.options = {"preset": "ultrafast", "crf": "23", "x264-params": "keyint=250:scenecut=0"}
+            for frame in small:
+                big = np.ascontiguousarray(frame.repeat(4, axis=0).repeat(4, axis=1))
+                for packet in stream.encode(av.VideoFrame.from_ndarray(big, format="rgb24")):
+                    container.mux(packet)
+            for packet in stream.encode():
+                container.mux(packet)
+        paths.append(path)
+    return paths
+
+
+def clip_cost(index: ClipIndex, spec: ClipSpec, clips: int) -> dict:
+    """CPU seconds (this process, one core) and wall seconds per training clip drawn in-process."""
+    dataset = VideoClipDataset(index, spec, train=True, seed=0)
+    dataset[(0, 0)]  # first open: libraries warm
+    cpu, wall = time.process_time(), time.perf_counter()
+    for number in range(clips):
+        dataset[(1, number % len(index))]
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    return {"core_s_per_clip": round(cpu / clips, 4), "clips_per_s_per_worker": round(clips / wall, 3)}
+
+
+def decode_cost(scratch: Path, sources: int, frames: int, clips: int) -> dict:
+    from scripts.prepare_dataset import prepare_dataset
+    from training.config import load_config
+
+    config = load_config("h100", num_processes=8, check_paths=False)
+    spec = ClipSpec(config.n_frames, config.height, config.width, config.min_frame_delta, config.max_frame_delta,
+                    config.horizontal_flip, decode_threads=1)
+    long_gop_sources(scratch / "raw", sources, frames)
+    started = time.perf_counter()
+    summary = prepare_dataset(str(scratch / "raw"), str(scratch / "prepared"), workers=1, show_progress=False)
+    prepare_s = time.perf_counter() - started
+    measured = {name: clip_cost(read_index(scratch / name), spec, clips) for name in ("raw", "prepared")}
+    core = {name: m["core_s_per_clip"] for name, m in measured.items()}
+    return {
+        "decode_cost_clip": f"{spec.n_frames} frames of {spec.height}x{spec.width}, stride {spec.min_frame_delta}-{spec.max_frame_delta} "
+                            "(h100 profile), one decoder thread",
+        "decode_cost_sources": f"{sources} x {frames} frames of 1080x1920 H.264, keyint 250",
+        "core_s_per_clip": core,
+        "clips_per_s_per_worker": {name: m["clips_per_s_per_worker"] for name, m in measured.items()},
+        "prepared_over_raw": round(core["prepared"] / core["raw"], 4),
+        "prepare_core_s_per_source_second": round(prepare_s / (sources * frames / 30), 3),
+        "prepared_clips": summary["clips"],
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--videos", type=Path, default=SHARED_VIDEOS)
@@ -126,11 +191,21 @@ def main() -> int:
     parser.add_argument("--clips", type=int, default=24)
     parser.add_argument("--n-frames", type=int, default=12)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--decode-cost-only", action="store_true", help="only the raw vs prepared decode budget")
+    parser.add_argument("--sources", type=int, default=2, help="1080p long-GOP sources for the decode budget")
+    parser.add_argument("--source-frames", type=int, default=300)
+    parser.add_argument("--cost-clips", type=int, default=40, help="training clips drawn per set for the decode budget")
     args = parser.parse_args()
     torch.set_num_threads(1)
     result = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GB",
               "pyav": av.__version__, "n_frames": args.n_frames, "size": "480x720", "sets": {}}
     with tempfile.TemporaryDirectory() as scratch:
+        result.update(decode_cost(Path(scratch) / "decode_cost", args.sources, args.source_frames, args.cost_clips))
+        print(f"decode budget: {result['core_s_per_clip']} core-s per clip, {result['clips_per_s_per_worker']} clips/s per "
+              f"worker; prepared / raw = {result['prepared_over_raw']}", flush=True)
+        if args.decode_cost_only:
+            emit_result(result, args.json)
+            return 0
         sets = {"synthetic_720p": ClipIndex(scratch, [p.name for p in synthetic_720p(Path(scratch))])}
         if args.videos.is_dir():
             sets = {"sample_videos": read_index(args.videos), **sets}

@@ -62,7 +62,28 @@ def flops_table() -> str:
     return "\n".join(lines) + "\n"
 
 
-GENERATORS = {"memory-table": memory_table, "flops-table": flops_table}
+def decode_cost_table() -> str:
+    """docs/data.md: the decode budget from docs/data_benchmark.json (scripts/benchmark_data.py)."""
+    import json
+
+    from training.decode_budget import ASSUMED_MFU, BENCHMARK, expected_clips_per_s
+    from training.config import load_config
+
+    measured = json.loads(BENCHMARK.read_text())
+    rate = expected_clips_per_s(load_config("h100", num_processes=8, check_paths=False))
+    lines = [f"Measured on {measured['machine']} (PyAV {measured['pyav']}): {measured['decode_cost_clip']}; sources: "
+             f"{measured['decode_cost_sources']}.", "",
+             f"| data | core-s per clip | clips/s per worker | cores per H100 at {rate:.1f} clips/s ({ASSUMED_MFU:.0%} MFU) |",
+             "|---|---|---|---|"]
+    for kind, label in (("raw", "raw 1080p sources, 250-frame GOPs"), ("prepared", "the same after `prepare_dataset`")):
+        cost = measured["core_s_per_clip"][kind]
+        lines.append(f"| {label} | {cost:.3f} | {measured['clips_per_s_per_worker'][kind]:.2f} | {rate * cost:.1f} |")
+    lines += ["", f"Prepared over raw: {measured['prepared_over_raw']:.3f}. Preparing cost "
+              f"{measured['prepare_core_s_per_source_second']:.2f} core-s per second of 1080p source (once)."]
+    return "\n".join(lines) + "\n"
+
+
+GENERATORS = {"memory-table": memory_table, "flops-table": flops_table, "decode-cost-table": decode_cost_table}
 
 
 def updated(text: str, cache: dict) -> str:

@@ -81,3 +81,21 @@ def test_prepare_real_clips_resume_after_a_kill_and_train_two_processes(tmp_path
     assert train.returncode == 0, train.stderr[-3000:]
     assert (run_dir / "final" / "taehv.pth").is_file()
     assert not list(run_dir.glob("data_index-*.jsonl"))  # read through the prepared index, not listed
+
+
+def test_the_dry_run_says_the_decoding_cores_a_gpu_needs_and_warns_when_the_workers_fall_short():
+    import json
+
+    from training.config import load_config
+    from training.decode_budget import BENCHMARK, decode_budget_lines
+
+    measured = json.loads(BENCHMARK.read_text())["core_s_per_clip"]
+    assert measured["prepared"] <= measured["raw"] / 4  # the committed benchmark's claim (docs/data.md)
+    config = load_config("h100", num_processes=8, check_paths=False)
+    raw = decode_budget_lines(config, clips_per_s=10.0, prepared=False)
+    assert raw[0].startswith(f"~{10 * measured['raw']:.1f} decoding cores per GPU at ~10.0 clips/s per GPU (raw clips")
+    config.num_workers = max(1, int(10 * measured["raw"]) - 1)
+    assert "warning: num_workers" in decode_budget_lines(config, clips_per_s=10.0, prepared=False)[-1]
+    config.num_workers = int(10 * measured["prepared"]) + 1
+    assert len(decode_budget_lines(config, clips_per_s=10.0, prepared=True)) == 1  # enough workers: no warning
+    assert decode_budget_lines(load_config("test", num_processes=1, check_paths=False)) == []  # CPU profiles: none

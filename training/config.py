@@ -766,6 +766,13 @@ def main(argv: list[str] | None = None) -> int:
         print(config_summary(config))
         print("memory (estimated per rank; training/memory.py, docs/performance.md):")
         over_budget = print_memory(config, args.check_gpu_budget, sys.stdout)
+        from training.decode_budget import decode_budget_lines
+
+        budget = decode_budget_lines(config)
+        if budget:
+            print("data loading (training/decode_budget.py):")
+            for line in budget:
+                print(f"  {line}")
         print("inputs:")
         problems = input_problems(config)
         for problem in problems:
