@@ -37,6 +37,7 @@ from models.metrics import LPIPSUnavailable, load_lpips, psnr, ssim, temporal_er
 from models.reference_families import FAMILIES
 from models.taehv import TAEHV
 from training.dataset import ClipError, probe_video, read_clip, read_index, resize_and_crop
+from training.storage import is_remote
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 ERROR_GAIN = 4  # the error panel shows |reconstruction - input| x 4
@@ -94,15 +95,15 @@ def held_out_clips(run: Path) -> list[Path]:
     if not path.is_file():
         raise FileNotFoundError(f"--held-out-of {run}: no resolved_config.json in it; give a run folder (output/latest)")
     config = json.loads(path.read_text())
-    data_root = Path(config["data_root"])
-    source = Path(config["index_path"]) if config.get("index_path") else data_root
-    if not source.exists():
+    data_root = config["data_root"]
+    source = config.get("index_path") or data_root
+    if not is_remote(source) and not Path(source).exists():
         raise FileNotFoundError(f"--held-out-of {run}: its data ({source}) is not here; run from the folder it trained "
                                 "in, or pass --videos")
     if config.get("latent_cache"):
         raise ValueError(f"--held-out-of {run}: the run read a latent cache; pass its held-out clips with --videos")
     _, validation = read_index(source, data_root).split(config["validation_fraction"])
-    return [validation.path(i) for i in range(len(validation))]
+    return [validation.lasting_path(i) for i in range(len(validation))]  # from object storage: cached copies
 
 
 def native_size(path: Path, multiple: int) -> tuple[int, int]:

@@ -133,15 +133,21 @@ def check_data(report: Report, config) -> None:
     import random
 
     from training.dataset import ClipError, IndexFormatError, read_clip, read_index
+    from training.storage import ObjectStore, StorageUnavailable, is_remote
 
-    root = Path(config.data_root)
-    if not root.is_dir():
+    root = config.data_root
+    if is_remote(root):
+        problem = ObjectStore(root, retry_s=0).problem()
+        if problem:
+            report.add("FAIL", "dataset", problem)
+            return
+    elif not Path(root).is_dir():
         status = "WARN" if config.sample_data else "FAIL"
         report.add(status, "dataset", f"{root} absent" + (f" ({config.sample_data} sample clips are made at start)" if config.sample_data else ""))
         return
     try:
-        index = read_index(config.index_path or root, root)
-    except IndexFormatError as error:
+        index = read_index(config.index_path or root, root, retry_s=config.storage_retry_s)
+    except (IndexFormatError, StorageUnavailable) as error:
         report.add("FAIL", "dataset", str(error))
         return
     if len(index) == 0:
@@ -149,7 +155,8 @@ def check_data(report: Report, config) -> None:
         return
     for i in range(min(5, len(index))):
         try:
-            read_clip(index.path(i), int(index.frames[i]), 1, 1, 1, random.Random(0), loop_short=True)
+            with index.local_copy(i) as path:
+                read_clip(path, int(index.frames[i]), 1, 1, 1, random.Random(0), loop_short=True)
             report.add("PASS", "dataset", f"{len(index)} clips in {config.index_path or root}; {index.relative(i)} decodes")
             return
         except ClipError as error:

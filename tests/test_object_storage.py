@@ -53,7 +53,7 @@ def test_prepare_writes_the_dataset_into_the_store(s3_server, prepared_in_store)
     assert all(clip["frames"] >= 16 and clip["source"].endswith(".mp4") for clip in index)
 
 
-def test_a_raw_bucket_is_listed_once_per_run(s3_server, tmp_path):
+def test_a_raw_bucket_is_listed_once_per_run(s3_server, tmp_path, monkeypatch):
     """Raw clips in a bucket (no prepared index): rank 0 lists the bucket into the run folder and
     every rank reads that listing."""
     from scripts.make_sample_videos import make_sample_videos
@@ -75,6 +75,16 @@ def test_a_raw_bucket_is_listed_once_per_run(s3_server, tmp_path):
         p.name for p in sources.glob("*.mp4"))
     cached = list((tmp_path / "cache").glob("??/*.mp4"))
     assert cached and sum(p.stat().st_size for p in cached) > 0  # the default cache keeps fetched clips
+
+    # inference.py --held-out-of the run: its held-out clips come from the bucket as local copies
+    import inference
+
+    for key, value in s3_server.env().items():
+        if key.startswith("AWS_"):
+            monkeypatch.setenv(key, value)
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "inference_tmp"))
+    held_out = inference.held_out_clips(run_dir)
+    assert held_out and all(path.is_file() and path.suffix == ".mp4" for path in held_out)
 
 
 def test_two_processes_train_from_the_store_across_an_outage_and_resume_exactly(s3_server, prepared_in_store, tmp_path):

@@ -101,6 +101,13 @@ class ClipIndex:
             raise ValueError(f"{self.root} is object storage: use local_copy({i})")
         return self.root / self.relative(i)
 
+    def lasting_path(self, i: int) -> Path:
+        """Clip i as a local file that stays: the file itself, or its copy in the cache."""
+        if not self.store:
+            return self.root / self.relative(i)
+        keep = self.cache if self.cache.budget_bytes > 0 else ClipCache(self.cache.folder)
+        return keep.fetch(self.store, self.relative(i))
+
     @contextmanager
     def local_copy(self, i: int):
         """A local file of clip i for the decoder: the file itself, or a cached copy of the object
@@ -661,9 +668,9 @@ def preview(source: str, height: int, width: int, n_frames: int, samples: int | 
         out.mkdir(parents=True, exist_ok=True)
     for number, key in enumerate(keys):
         i = key[1]
-        entry = {"path": str(index.path(i)), "status": "ok", "reason": None}
+        entry = {"path": index.location(i), "status": "ok", "reason": None}
         try:
-            entry.update({k: v for k, v in probe_video(index.path(i)).items() if k in ("width", "height", "rotation")})
+            entry.update({k: v for k, v in probe_video(index.lasting_path(i)).items() if k in ("width", "height", "rotation")})
             item = dataset[(number, i)] if samples else dataset[key]
             entry["shape"] = list(item["video"].shape)
             report["ok"] += 1
