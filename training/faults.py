@@ -204,7 +204,8 @@ def loader_batches(run: TrainingRun):
                 yield batch
             return
         except StorageUnavailable as error:  # past storage_retry_s: every rank stops together (train_step)
-            run.storage_down = str(error).splitlines()[-1].removeprefix("Original ").strip()
+            # from a loader worker the message is torch's report, ending with "...StorageUnavailable: <ours>"
+            run.storage_down = str(error).strip().splitlines()[-1].split("StorageUnavailable: ", 1)[-1]
             print(f"rank {run.accelerator.process_index}: {run.storage_down}", file=sys.stderr, flush=True)
         except RuntimeError as error:
             if "DataLoader worker" not in str(error):
