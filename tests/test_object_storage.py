@@ -170,3 +170,16 @@ def test_a_missing_bucket_or_refused_credentials_is_one_line_before_anything_sta
     lines = [line for line in output.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and expected in lines[0] and url in lines[0], output
     assert not run_dir.exists()
+
+
+def test_an_endpoint_nobody_answers_on_is_one_line_naming_it(tmp_path):
+    """No server needed: a port nothing listens on."""
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "key", "AWS_SECRET_ACCESS_KEY": "secret",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+    result = subprocess.run([sys.executable, "-m", "training.config", "test", "--set", "data_root=s3://clips/videos"],
+                            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"config error: data_root='s3://clips/videos': cannot reach the object "
+                                                   f"store at {endpoint}") and lines[0].endswith("check AWS_ENDPOINT_URL"), lines
