@@ -130,3 +130,18 @@ def test_gpu_check_stops_with_one_line_without_cuda(tmp_path):
                                cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert completed.returncode == 2 and completed.stderr.count("\n") == 1, completed.stderr
     assert "gpu-check: needs a CUDA GPU" in completed.stderr and not (tmp_path / "out").exists()
+
+
+def test_data_benchmark_decode_cost_reports_raw_and_prepared(tmp_path):
+    """The decode budget part of scripts/benchmark_data.py at a small size (one short 1080p source):
+    both clip sets measured, at the h100 clip shape."""
+    out = tmp_path / "data.json"
+    completed = subprocess.run([sys.executable, "-m", "scripts.benchmark_data", "--decode-cost-only", "--sources", "1",
+                                "--source-frames", "60", "--cost-clips", "3", "--json", str(out)],
+                               cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert set(result["core_s_per_clip"]) == set(result["clips_per_s_per_worker"]) == {"raw", "prepared"}
+    assert all(v > 0 for v in result["core_s_per_clip"].values())
+    assert result["prepared_over_raw"] == pytest.approx(result["core_s_per_clip"]["prepared"] / result["core_s_per_clip"]["raw"], rel=0.01)
+    assert result["decode_cost_clip"].startswith("9 frames of 480x720") and result["prepared_clips"] >= 1
