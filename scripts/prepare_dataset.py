@@ -43,7 +43,7 @@ import numpy as np
 from training.dataset import ClipIndex, cover_size, is_remote, list_videos, read_index
 from training.launch import die_with_parent
 from training.prepare_once import unique_temporary
-from training.storage import ObjectStore
+from training.storage import ClipCache, ObjectStore
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ def prepare_source(job: tuple) -> tuple[list[dict], dict | None]:
     import av
 
     root, relative, shard, output, settings = job
-    index = ClipIndex(root, [relative])
+    index = ClipIndex(root, [relative], cache=ClipCache(budget_bytes=0))  # a source from a bucket: a private copy, deleted after
     records: list[dict] = []
     segment = None  # (container, stream, path, relative path, first frame, frames written)
 
