@@ -41,6 +41,15 @@ def launch(s3_server, args, secret=None, **popen):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, **popen)
 
 
+def stop_store_after_checkpoint(s3_server, process, run_dir, step: int) -> None:
+    """Kills the S3 server as soon as the run has written checkpoint-<step>: mid-run, with steps left to fetch."""
+    deadline = time.monotonic() + 240
+    while not (run_dir / "checkpoints" / f"checkpoint-{step}").is_dir():
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0][-3000:]
+        time.sleep(0.05)
+    s3_server.stop()
+
+
 def test_prepare_writes_the_dataset_into_the_store(s3_server, prepared_in_store):
     url, stdout = prepared_in_store
     assert re.search(r"10 sources -> \d+ clips", stdout), stdout
@@ -98,12 +107,7 @@ def test_two_processes_train_from_the_store_across_an_outage_and_resume_exactly(
             "--set", f"data_cache_dir={tmp_path / 'cache'}"]
     process = launch(s3_server, args)
     try:
-        deadline = time.monotonic() + 240
-        while not (run_dir / "checkpoints" / "checkpoint-4").is_dir():
-            assert process.poll() is None, process.stdout.read()[-3000:]
-            assert time.monotonic() < deadline, "no checkpoint-4 within 240 s"
-            time.sleep(0.05)
-        s3_server.stop()
+        stop_store_after_checkpoint(s3_server, process, run_dir, 4)
         time.sleep(20)
         s3_server.start()
         output, _ = process.communicate(timeout=300)
@@ -137,11 +141,7 @@ def test_an_outage_longer_than_storage_retry_s_stops_every_rank_with_the_resume_
                                  "--set", "data_cache_gb=0", "--set", "storage_retry_s=3", "--set", "validation_steps=40",
                                  "--set", f"data_cache_dir={tmp_path / 'cache'}"])
     try:
-        deadline = time.monotonic() + 240
-        while not (run_dir / "checkpoints" / "checkpoint-2").is_dir():
-            assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0][-3000:]
-            time.sleep(0.05)
-        s3_server.stop()
+        stop_store_after_checkpoint(s3_server, process, run_dir, 2)
         output, _ = process.communicate(timeout=120)
     finally:
         if process.poll() is None:
