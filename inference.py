@@ -366,7 +366,9 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--height", type=int, default=480)
     parser.add_argument("--width", type=int, default=720)
     parser.add_argument("--native", action="store_true", help="each clip at its own size (see above)")
-    parser.add_argument("--ref-vae", choices=FAMILIES, help="reference VAE family")
+    parser.add_argument("--ref-vae", choices=("auto", *FAMILIES),
+                        help="reference VAE family; auto (the default with --ref-vae-path) reads the class from its "
+                        "config.json and measures a class no family names")
     parser.add_argument("--ref-vae-path", help="local diffusers folder or hub id of the reference VAE")
     parser.add_argument("--ref-vae-latent-space", choices=("auto", "raw", "scaled", "normalized"),
                         help="latent space of the reference latents the student decodes (default: the one the model's "
@@ -387,11 +389,17 @@ def check_args(args) -> str | None:
         return "give --videos or --held-out-of RUN (one of them)"
     if args.ref_vae and not args.ref_vae_path:
         return "--ref-vae needs --ref-vae-path (a local diffusers folder or a hub id)"
-    if args.ref_vae:
-        from models.reference_families import is_valid_frame_count, valid_frame_counts
+    if args.ref_vae_path:
+        from models import reference_families, vae_geometry
 
-        if not is_valid_frame_count(args.ref_vae, args.frames):
-            return f"--frames {args.frames} does not suit the {args.ref_vae} VAE: use one of {valid_frame_counts(args.ref_vae, 50)}"
+        try:
+            args.ref_vae, args.ref_vae_geometry = vae_geometry.identify(args.ref_vae or "auto", args.ref_vae_path)
+        except ValueError as error:
+            return str(error)
+        frames = (vae_geometry.valid_frame_counts(args.ref_vae_geometry, limit=50) if args.ref_vae_geometry
+                  else reference_families.valid_frame_counts(args.ref_vae, 50))
+        if args.frames not in frames:
+            return f"--frames {args.frames} does not suit the {args.ref_vae} VAE: use one of {frames}"
     if args.frames < 1 or args.stride < 1:
         return "--frames and --stride must be at least 1"
     if not args.native and (args.height % 8 or args.width % 8 or args.height < 8 or args.width < 8):
@@ -417,7 +425,8 @@ def main(argv: list[str] | None = None) -> int:
             from models.reference_vae import load_reference_vae
 
             reference = load_reference_vae(args.ref_vae, args.ref_vae_path, device, sample_latents=False,
-                                           latent_space=args.ref_vae_latent_space or recorded_latent_space(weights))
+                                           latent_space=args.ref_vae_latent_space or recorded_latent_space(weights),
+                                           geometry=args.ref_vae_geometry)
     except (FileNotFoundError, ValueError, RuntimeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

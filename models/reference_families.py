@@ -4,6 +4,19 @@ normalisation. The launcher's config check reads them; models/reference_vae.py l
 from __future__ import annotations
 
 FAMILIES = ("cogvideox", "hunyuan", "hunyuan1_5", "wan", "ltx", "ltx2", "minimax_h3")
+# the diffusers class of each family; ref_vae_family=auto reads the class from the VAE's config.json
+FAMILY_CLASSES = {"cogvideox": "AutoencoderKLCogVideoX", "hunyuan": "AutoencoderKLHunyuanVideo",
+                  "hunyuan1_5": "AutoencoderKLHunyuanVideo15", "wan": "AutoencoderKLWan", "ltx": "AutoencoderKLLTXVideo",
+                  "ltx2": "AutoencoderKLLTX2Video", "minimax_h3": "AutoencoderKLMiniMaxH3"}
+CLASS_FAMILIES = {name: family for family, name in FAMILY_CLASSES.items()}
+
+
+def public_variant(family: str, vae_config: dict | None = None) -> str:
+    """The public TAEHV variant of a family (model_variant=auto); Wan by its layout (2.2: 48 channels)."""
+    if family == "wan":
+        return "taew2_2" if (vae_config or {}).get("z_dim") == 48 else "taew2_1"
+    return {"cogvideox": "taecvx", "hunyuan": "taehv", "hunyuan1_5": "taehv1_5", "ltx": "taeltx_2", "ltx2": "taeltx_2",
+            "minimax_h3": "taeh3"}[family]
 # valid frame counts: n % modulus == remainder (and n >= remainder + modulus for at least two latents),
 # measured on each class: Hunyuan 1.5 and Wan (2.1, 2.2) 4k+1, LTX and LTX-2 8k+1, MiniMax H3 17n+5 -> 5n+2
 FRAME_RULES = {"cogvideox": (8, 1), "hunyuan": (4, 1), "hunyuan1_5": (4, 1), "wan": (4, 1), "ltx": (8, 1), "ltx2": (8, 1),

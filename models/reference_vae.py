@@ -38,15 +38,18 @@ import torch
 import torch.nn as nn
 
 # plain data, importable without torch (the launcher's config check reads them there)
-from models.reference_families import (FAMILIES, IMAGENET_MEAN, IMAGENET_STD, is_valid_frame_count, resolve_latent_space,
+from models.reference_families import (FAMILIES, FAMILY_CLASSES, IMAGENET_MEAN, IMAGENET_STD, resolve_latent_space,
                                        valid_frame_counts)
+from models import vae_geometry
+from models.vae_geometry import VAEGeometry, decoded_frames, latent_of
+from models.variants import VARIANTS, TAEHVArgs
 
 
 def latent_space_transform(vae: nn.Module, space: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(shift, scale), each of the VAE's latent-channel count, from its diffusers config (LTX and
     LTX-2 keep latents_mean/std as buffers and also apply their scaling_factor, as their pipelines do)."""
     config = vae.config
-    channels = config.get("latent_channels") or config.get("z_dim")
+    channels = config.get("latent_channels") or config.get("z_dim") or config.get("z_channels") or 1  # 1 broadcasts
     shift, scale = torch.zeros(channels), torch.ones(channels)
     buffers = dict(vae.named_buffers())
     if space == "scaled":
@@ -60,26 +63,37 @@ def latent_space_transform(vae: nn.Module, space: str) -> tuple[torch.Tensor, to
     return shift, scale
 
 
-def vae_class(family: str):
+def vae_class(family: str, geometry: VAEGeometry | None = None):
+    """The diffusers class of a named family, or the measured class of any other VAE."""
     import diffusers
 
-    return getattr(diffusers, {"cogvideox": "AutoencoderKLCogVideoX", "hunyuan": "AutoencoderKLHunyuanVideo",
-                               "hunyuan1_5": "AutoencoderKLHunyuanVideo15", "wan": "AutoencoderKLWan",
-                               "ltx": "AutoencoderKLLTXVideo", "ltx2": "AutoencoderKLLTX2Video",
-                               "minimax_h3": "AutoencoderKLMiniMaxH3"}[family])
+    return getattr(diffusers, geometry.class_name if geometry is not None else FAMILY_CLASSES[family])
+
+
+def reference_architecture(family: str, geometry: VAEGeometry | None = None, path: str = "") -> nn.Module:
+    """The reference VAE with random weights, for counting FLOPs and memory: a named family's
+    published architecture (its class's default config), a measured VAE's own config.json."""
+    if geometry is None:
+        return vae_class(family)().eval()
+    return vae_geometry.build_vae(vae_geometry.read_vae_config(path))
 
 
 class ReferenceVAE(nn.Module):
-    """Frozen diffusers video VAE. encode: N,T,3,H,W [0, 1] -> N,t,C,h,w; decode: the reverse."""
+    """Frozen diffusers video VAE. encode: N,T,3,H,W [0, 1] -> N,t,C,h,w; decode: the reverse.
+    `family` is one of FAMILIES, or the class name of a VAE measured into `geometry`
+    (models/vae_geometry.py)."""
 
-    def __init__(self, vae: nn.Module, family: str, sample_latents: bool = True, latent_space: str = "auto"):
+    def __init__(self, vae: nn.Module, family: str, sample_latents: bool = True, latent_space: str = "auto",
+                 geometry: VAEGeometry | None = None):
         super().__init__()
-        if family not in FAMILIES:
+        if family not in FAMILIES and geometry is None:
             raise ValueError(f"unknown reference VAE family {family!r}; choose one of {', '.join(FAMILIES)}")
         self.vae = vae.eval().requires_grad_(False)
         self.family = family
+        self.geometry = geometry
         self.sample_latents = sample_latents
-        self.latent_space = resolve_latent_space(family, latent_space)
+        self.latent_space = (vae_geometry.resolve_latent_space(geometry, latent_space) if geometry is not None
+                             else resolve_latent_space(family, latent_space))
         shift, scale = latent_space_transform(vae, self.latent_space)
         device = next(vae.parameters()).device
         self.register_buffer("shift", shift.view(1, 1, -1, 1, 1).to(device), persistent=False)  # over N,t,C,h,w
@@ -92,7 +106,7 @@ class ReferenceVAE(nn.Module):
     @torch.no_grad()
     def encode(self, video: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         distribution = self._latent_dist(video)
-        latents = distribution.sample(generator) if self.sample_latents else distribution.mean
+        latents = distribution.sample(generator) if self.sample_latents else latent_of(distribution)
         return (self._checked(latents) - self.shift) * self.scale
 
     @torch.no_grad()
@@ -100,13 +114,20 @@ class ReferenceVAE(nn.Module):
         """(mean, log-variance) of the latent distribution in the latent space, each N,t,C,h,w fp32
         (for the latent cache); the per-channel scale multiplies the variance by scale^2."""
         distribution = self._latent_dist(video)
-        mean = (self._checked(distribution.mean) - self.shift) * self.scale
-        return mean, self._checked(distribution.logvar) + 2 * self.scale.abs().log()
+        mean = (self._checked(latent_of(distribution)) - self.shift) * self.scale
+        # a deterministic encoder (Cosmos) has no variance: a log-variance far below any sample's
+        logvar = distribution.logvar if hasattr(distribution, "logvar") else torch.full_like(distribution.mode(), -60.0)
+        return mean, self._checked(logvar) + 2 * self.scale.abs().log()
+
+    def valid_frame_counts(self, limit: int = 50) -> list[int]:
+        if self.geometry is not None:
+            return vae_geometry.valid_frame_counts(self.geometry, limit=limit)
+        return valid_frame_counts(self.family, limit)
 
     def _latent_dist(self, video: torch.Tensor):
-        if not is_valid_frame_count(self.family, video.shape[1]):
+        if video.shape[1] not in self.valid_frame_counts(max(50, video.shape[1] + 1)):
             raise ValueError(f"{video.shape[1]} frames do not suit the {self.family} VAE: use one of "
-                             f"{valid_frame_counts(self.family, 50)}")
+                             f"{self.valid_frame_counts(50)}")
         x = self._to_vae_pixels(video.permute(0, 2, 1, 3, 4))  # N,C,T,H,W in the VAE's pixel convention
         return self.vae.encode(x.to(self.dtype)).latent_dist
 
@@ -138,16 +159,19 @@ class ReferenceVAE(nn.Module):
         if self.vae.config.get("timestep_conditioning"):  # LTX decoders: timestep 0, as their pipelines decode
             frames = self.vae.decode(x, temb=torch.zeros(x.shape[0], device=x.device, dtype=x.dtype)).sample
         else:
-            frames = self.vae.decode(x).sample
+            frames = decoded_frames(self.vae.decode(x), self.geometry is not None and self.geometry.frames_first_decode)
         return self._from_vae_pixels(frames.float()).permute(0, 2, 1, 3, 4).contiguous()
 
 
 def load_reference_vae(family: str, path_or_id: str, device: torch.device, sample_latents: bool = True,
-                       tiling: bool = False, dtype: torch.dtype | None = None, latent_space: str = "auto") -> ReferenceVAE:
+                       tiling: bool = False, dtype: torch.dtype | None = None, latent_space: str = "auto",
+                       geometry: VAEGeometry | None = None) -> ReferenceVAE:
     """From a local folder (a diffusers pipeline folder with vae/, or a VAE folder itself) or a hub
     id (subfolder vae). bf16 on GPU, fp32 on CPU unless `dtype` says otherwise. Any failure is an
-    error that names the path: training never switches to another loss on its own."""
-    cls = vae_class(family)
+    error that names the path: training never switches to another loss on its own. A measured
+    VAE (`geometry`) is loaded as its class and tiled when it encodes only tiled."""
+    cls = vae_class(family, geometry)
+    tiling = tiling or (geometry is not None and geometry.needs_tiling)
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     local = Path(path_or_id)
     try:
@@ -168,7 +192,7 @@ def load_reference_vae(family: str, path_or_id: str, device: torch.device, sampl
             vae.enable_xformers_memory_efficient_attention()
         except Exception:  # optional speed-up only; the plain attention path is correct
             pass
-    return ReferenceVAE(vae, family, sample_latents, latent_space)
+    return ReferenceVAE(vae, family, sample_latents, latent_space, geometry)
 
 
 def _statistics(channels: int) -> tuple[list[float], list[float]]:
@@ -225,25 +249,22 @@ def tiny_reference_vae(family: str, wan_layout: str = "2.1") -> nn.Module:
 
 
 @torch.no_grad()
-def student_fit_problem(reference: ReferenceVAE, variant: str) -> str:
+def student_fit_problem(reference: ReferenceVAE, student: TAEHVArgs) -> str:
     """'' when the student's latents have the reference's shape; else one line naming the
     variants that fit. Measured: one small encode (64x64, the smallest valid clip of 2+ latents)."""
-    from models.taehv import VARIANTS
-
-    frames = valid_frame_counts(reference.family, 64)[0]
+    frames = next(n for n in reference.valid_frame_counts(64) if n > 1)
     side = 64
     device = reference.shift.device
     latents = reference.encode(torch.full((1, frames, 3, side, side), 0.5, device=device))
     _, t, channels, h, _ = latents.shape
 
-    def fits(name: str) -> bool:
-        args = VARIANTS[name]
+    def fits(args: TAEHVArgs) -> bool:
         return (args.latent_channels, 8 * args.patch_size, args.latent_frame_count(frames)) == (channels, side // h, t)
 
-    if fits(variant):
+    if fits(student):
         return ""
-    args = VARIANTS[variant]
-    matching = [name for name in VARIANTS if fits(name)]
-    return (f"model_variant={variant} gives {args.latent_channels} latent channels, {8 * args.patch_size}x spatial and "
+    args = student
+    matching = [name for name, public in VARIANTS.items() if fits(public)]
+    return (f"model_variant={student.variant} gives {args.latent_channels} latent channels, {8 * args.patch_size}x spatial and "
             f"{args.latent_frame_count(frames)} latent frames for {frames} frames, but this {reference.family} VAE gives "
-            f"{channels}, {side // h}x and {t}: use model_variant={' or '.join(matching) if matching else '(none fits)'}")
+            f"{channels}, {side // h}x and {t}: use model_variant=auto{' or ' + ' or '.join(matching) if matching else ''}")

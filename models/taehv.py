@@ -39,7 +39,7 @@ import re
 import warnings
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 # the variants are plain data in models/variants.py (the launcher's config check reads them without torch)
-from models.variants import BASE_LAYOUT_WIDTHS, VARIANTS, TAEHVArgs, resolve_args
+from models.variants import BASE_LAYOUT_WIDTHS, VARIANTS, TAEHVArgs, check_args, resolve_args
 
 
 # --------------------------------------------------------------------------------------------
@@ -311,9 +311,11 @@ class TAEHV(nn.Module):
         when t is even)
     """
 
-    def __init__(self, variant: str = "taehv", **overrides):
+    def __init__(self, variant: str | TAEHVArgs = "taehv", **overrides):
+        """A public variant by name (with overrides), or any construction arguments (a variant
+        built for a reference VAE by models/vae_geometry.py, read back from model_info.json)."""
         super().__init__()
-        self.args = resolve_args(variant, **overrides)
+        self.args = check_args(replace(variant, **overrides)) if isinstance(variant, TAEHVArgs) else resolve_args(variant, **overrides)
         self.encoder = build_encoder(self.args)
         build_decoder = build_super_decoder if self.args.decoder_kind == "super" else build_base_decoder
         self.decoder = build_decoder(self.args)
@@ -468,7 +470,7 @@ class TAEHV(nn.Module):
     @classmethod
     def from_args(cls, args: TAEHVArgs) -> "TAEHV":
         """A fresh model with exactly these construction arguments (e.g. from model_info.json)."""
-        return cls(args.variant, **{k: v for k, v in asdict(args).items() if k != "variant"})
+        return cls(args)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, variant: str | None = None, **overrides) -> "TAEHV":
@@ -538,9 +540,23 @@ def load_state_dict_file(path: Path) -> dict[str, torch.Tensor]:
     return state_dict
 
 
+def args_metadata(model: TAEHV) -> dict[str, str]:
+    """safetensors metadata that makes the file alone say what it is (a variant built for a VAE
+    has no name that shapes could tell)."""
+    return {"taehv_model_args": json.dumps(model.args.to_json_dict())}
+
+
 def read_model_info(weights_path: Path) -> TAEHVArgs | None:
+    """The construction arguments of model_info.json beside the file, else of the file's own
+    safetensors metadata, else None."""
     info_path = weights_path.parent / MODEL_INFO_FILENAME
     if not info_path.is_file():
+        if weights_path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(weights_path), "pt") as handle:
+                stored = (handle.metadata() or {}).get("taehv_model_args")
+            return TAEHVArgs.from_json_dict(json.loads(stored)) if stored else None
         return None
     info = json.loads(info_path.read_text())
     if "model_args" not in info:
@@ -694,7 +710,8 @@ class StreamingTAEHV:
     def __init__(self, taehv: "TAEHV", num_latent_frames: int | None = None):
         self.taehv = taehv
         self.trims_leading_frames = (
-            not taehv.args.cogvideox_trim_rule if num_latent_frames is None else taehv.trims_leading_frames(num_latent_frames)
+            taehv.args.trim_leading_frames and not taehv.args.cogvideox_trim_rule if num_latent_frames is None
+            else taehv.trims_leading_frames(num_latent_frames)
         )
         self.reset()
 

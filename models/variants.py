@@ -41,6 +41,9 @@ class TAEHVArgs:
     decoder_space_upscale: tuple[bool, bool, bool] = (True, True, True)
     # CogVideoX keeps the first decoded frames when the latent count is even.
     cogvideox_trim_rule: bool = False
+    # True: the teacher encodes the first frame alone (m*k + 1 frames -> k + 1 latents), so the decoder
+    # drops its first frames_to_trim outputs. False: m*k frames -> k latents -> m*k frames (Allegro).
+    trim_leading_frames: bool = True
     chunking: str = "none"  # a key of CHUNKINGS: "none" or "minimax_h3"
 
     def to_json_dict(self) -> dict:
@@ -91,7 +94,7 @@ class TAEHVArgs:
         return self.chunk_latents * self.t_upscale
 
     def trims_leading_frames(self, n_latent_frames: int) -> bool:
-        return not (self.cogvideox_trim_rule and n_latent_frames % 2 == 0)
+        return self.trim_leading_frames and not (self.cogvideox_trim_rule and n_latent_frames % 2 == 0)
 
     def latent_frame_count(self, n_frames: int) -> int:
         """Latent frames that `encode_video` returns for n_frames input frames."""
@@ -117,6 +120,8 @@ class TAEHVArgs:
         t_upscale == t_downscale. 4k+1 for most variants, 8k+1 for taecvx and taeltx*, 17k+5 for taeh3."""
         if self.chunk is not None:
             return self.chunk.frames, self.chunk.frames - self.chunk.dropped_latents * self.t_upscale
+        if not self.trim_leading_frames:
+            return self.t_downscale, 0
         # CogVideoX trims only for odd latent counts: only every other latent count round-trips
         return self.t_downscale * (2 if self.cogvideox_trim_rule else 1), 1
 
@@ -152,6 +157,32 @@ VARIANTS: dict[str, TAEHVArgs] = {
 }
 
 
+def time_flags(factor: int) -> tuple[tuple[bool, bool, bool], tuple[bool, bool, bool]]:
+    """(encoder_time_downscale, decoder_time_upscale) for a time factor of 1, 2, 4 or 8: the encoder
+    halves time in its first stages, the decoder doubles it in its last (4: the public layout)."""
+    stages = {1: 0, 2: 1, 4: 2, 8: 3}[factor]
+    return tuple(i < stages for i in range(3)), tuple(i >= 3 - stages for i in range(3))
+
+
+def check_args(args: TAEHVArgs) -> TAEHVArgs:
+    if args.decoder_kind not in DECODER_KINDS:
+        raise ValueError(f"decoder_kind must be one of {DECODER_KINDS}, got {args.decoder_kind!r}")
+    if args.chunking not in CHUNKINGS:
+        raise ValueError(f"chunking must be one of {sorted(CHUNKINGS)}, got {args.chunking!r}")
+    if args.chunk is not None and (args.cogvideox_trim_rule or not args.trim_leading_frames):
+        raise ValueError("chunking cannot be combined with cogvideox_trim_rule or trim_leading_frames=false "
+                         "(each decides the decoded frames)")
+    for key in ("encoder_time_downscale", "decoder_time_upscale", "decoder_space_upscale"):
+        if len(getattr(args, key)) != 3:
+            raise ValueError(f"{key} needs 3 flags, got {getattr(args, key)}")
+    return args
+
+
+def public_variant_like(args: TAEHVArgs) -> str | None:
+    """The public variant with exactly these construction arguments (its name aside), if any."""
+    return next((name for name, public in VARIANTS.items() if replace(public, variant=args.variant) == args), None)
+
+
 def resolve_args(variant: str = "taehv", **overrides) -> TAEHVArgs:
     """Variant defaults with explicit overrides applied (unknown names are errors)."""
     if variant not in VARIANTS:
@@ -165,11 +196,4 @@ def resolve_args(variant: str = "taehv", **overrides) -> TAEHVArgs:
             overrides[key] = tuple(bool(x) for x in overrides[key])
             if len(overrides[key]) != 3:
                 raise ValueError(f"{key} needs 3 flags, got {overrides[key]}")
-    args = replace(VARIANTS[variant], **overrides)
-    if args.decoder_kind not in DECODER_KINDS:
-        raise ValueError(f"decoder_kind must be one of {DECODER_KINDS}, got {args.decoder_kind!r}")
-    if args.chunking not in CHUNKINGS:
-        raise ValueError(f"chunking must be one of {sorted(CHUNKINGS)}, got {args.chunking!r}")
-    if args.chunk is not None and args.cogvideox_trim_rule:
-        raise ValueError("chunking and cogvideox_trim_rule cannot be combined (each decides the decoded frames)")
-    return args
+    return check_args(replace(VARIANTS[variant], **overrides))

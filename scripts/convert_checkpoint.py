@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from models.taehv import TAEHV, write_model_info
+from models.taehv import TAEHV, args_metadata, write_model_info
+from models.variants import TAEHVArgs
 from training.checkpoints import read_state
 from training.elastic import FULL_STATE
 
@@ -41,7 +42,7 @@ def checkpoint_weights(folder: Path, which: str) -> dict[str, torch.Tensor]:
 
 
 def checkpoint_model(folder: Path, which: str = "ema", variant: str | None = None) -> TAEHV:
-    """The checkpoint's EMA or master weights in a TAEHV of the run's variant (strict load); used
+    """The checkpoint's EMA or master weights in a TAEHV of the run's student (strict load); used
     here and by inference.py."""
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: not a checkpoint folder")
@@ -49,8 +50,11 @@ def checkpoint_model(folder: Path, which: str = "ema", variant: str | None = Non
         config = folder.parent.parent / "resolved_config.json"
         if not config.is_file():
             raise FileNotFoundError(f"{config} not found: pass --variant")
-        variant = json.loads(config.read_text())["model_variant"]
-    model = TAEHV(variant)
+        resolved = json.loads(config.read_text())
+        # runs before model_variant=auto recorded only the variant's name
+        model = TAEHV(TAEHVArgs.from_json_dict(resolved["student_args"])) if resolved.get("student_args") else TAEHV(resolved["model_variant"])
+    else:
+        model = TAEHV(variant)
     model.load_state_dict({k: v.float() for k, v in checkpoint_weights(folder, which).items()})
     return model
 
@@ -65,7 +69,7 @@ def convert(folder: Path, out: Path, which: str = "ema", dtype: str = "fp32", va
     if out.suffix == ".safetensors":
         from safetensors.torch import save_file
 
-        save_file(weights, str(temporary))
+        save_file(weights, str(temporary), metadata=args_metadata(model))
     else:
         torch.save(weights, temporary)
     temporary.replace(out)

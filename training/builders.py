@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from models.taehv import TAEHV
-from training.config import TrainConfig
+from training.config import TrainConfig, measured_geometry, student_of
 from training.distill import SeraenaState, Student
 from training.lr_schedule import build_lr_scheduler
 
@@ -98,9 +98,9 @@ def model_dtype(model):
 
 def build_model(config: TrainConfig) -> Student:
     if config.pretrained_model_path:
-        taehv = TAEHV.from_pretrained(config.pretrained_model_path, variant=config.model_variant)
+        taehv = TAEHV.from_pretrained(config.pretrained_model_path, variant=student_of(config).variant)
     else:
-        taehv = TAEHV(config.model_variant)  # decoder output bias starts at 0.5
+        taehv = TAEHV(student_of(config))  # decoder output bias starts at 0.5
     taehv.set_gradient_checkpointing(config.gradient_checkpointing)
     taehv.set_fast_path(config.channels_last, config.compile_backend if config.compile else "")
     student = Student(taehv.train())
@@ -121,10 +121,10 @@ def build_reference_vae(config: TrainConfig, device):
         return None
     from models.reference_vae import load_reference_vae, student_fit_problem
 
-    reference = load_reference_vae(config.ref_vae_family, config.ref_vae_path, device,
+    reference = load_reference_vae(config.reference_family, config.ref_vae_path, device,
                                    sample_latents=config.ref_vae_sample_latents, tiling=config.ref_vae_tiling,
-                                   latent_space=config.ref_vae_latent_space)
-    problem = student_fit_problem(reference, config.model_variant)  # before any training work
+                                   latent_space=config.ref_vae_latent_space, geometry=measured_geometry(config))
+    problem = student_fit_problem(reference, student_of(config))  # before any training work
     if problem:
         raise RuntimeError(problem)
     return reference

@@ -260,7 +260,9 @@ def export_info(config: TrainConfig) -> dict:
 
     info = {"config_hash": config_hash(config)}
     if config.use_ref_vae:
-        info["reference"] = {"family": config.ref_vae_family, "latent_space": latent_space(config)}
+        info["reference"] = {"family": config.reference_family, "latent_space": latent_space(config)}
+        if config.reference_geometry:  # what was measured of a VAE no family names
+            info["reference"]["geometry"] = config.reference_geometry
     return info
 
 
@@ -269,7 +271,7 @@ def export_model(accelerator, weights: dict, taehv: TAEHV, folder: Path, step: i
     by rank 0 (the weights are identical on every rank)."""
     from safetensors.torch import save_file
 
-    from models.taehv import write_model_info
+    from models.taehv import args_metadata, write_model_info
 
     if not accelerator.is_main_process:
         return
@@ -279,7 +281,7 @@ def export_model(accelerator, weights: dict, taehv: TAEHV, folder: Path, step: i
     try:
         temporary.mkdir(parents=True)
         torch.save(weights, temporary / "taehv.pth")
-        save_file(weights, str(temporary / "taehv.safetensors"))
+        save_file(weights, str(temporary / "taehv.safetensors"), metadata=args_metadata(taehv))
         write_model_info(taehv, temporary, step=step, metrics=metrics, **info)
     except OSError:  # a full disk: the previous export stays whole, the half-written one goes
         shutil.rmtree(temporary, ignore_errors=True)

@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from models.reference_families import FAMILIES, FRAME_RULES, LATENT_SPACES, PUBLIC_PIPELINES, resolve_latent_space
+from models.reference_families import (FAMILIES, FRAME_RULES, LATENT_SPACES, PUBLIC_PIPELINES, public_variant,
+                                       resolve_latent_space)
 from models.reference_families import valid_frame_counts as reference_frame_counts
-from models.variants import VARIANTS
+from models.variants import VARIANTS, TAEHVArgs
 from training.lr_schedule import SCHEDULES
 from training.storage import ObjectStore, StorageError, is_remote
 
@@ -62,7 +63,8 @@ class TrainConfig:
     supported_num_gpus: tuple = option((8,), "process counts this profile is written for (launcher checks NGPU); () = any")
     accelerate_config: str = option("deepspeed_8gpu.yaml", "file in accelerate_configs/: topology and ZeRO stage")
     # --- model ---------------------------------------------------------------------------------
-    model_variant: str = option("taecvx", "TAEHV variant of the student (models/variants.py VARIANTS)")
+    model_variant: str = option("taecvx", "TAEHV variant of the student (models/variants.py VARIANTS), or auto: the "
+                                "public variant of the reference VAE's shape, else one built for it (docs/model.md)")
     pretrained_model_path: str = option("checkpoints/taecvx.pth", "public-format weights to start from; empty = from scratch")
     gradient_checkpointing: bool = option(False, "recompute activations in backward: less memory, same values")
     ema_decay: float = option(0.999, "decay of the averaged weights that are validated and exported; 0 = off")
@@ -81,7 +83,9 @@ class TrainConfig:
     # --- reference VAE -------------------------------------------------------------------------
     use_ref_vae: bool = option(True, "distill from a reference VAE; False = autoencoder mode (no downloads)")
     ref_vae_family: str = option("cogvideox", "reference VAE family: cogvideox, hunyuan, hunyuan1_5, wan (2.1 or 2.2, "
-                                 "from its config), ltx, ltx2 or minimax_h3")
+                                 "from its config), ltx, ltx2, minimax_h3, or auto: the class in ref_vae_path's "
+                                 "config.json, any other diffusers video VAE measured (the default when a launch "
+                                 "sets ref_vae_path without a family)")
     ref_vae_path: str = option("pretrained/CogVideoX-2b", "local diffusers folder, or hub id already in the Hugging Face cache (subfolder vae)")
     ref_vae_sample_latents: bool = option(True, "use latent_dist.sample() (True) or its mean (False)")
     ref_vae_tiling: bool = option(False, "enable the reference VAE's tiled encode (saves memory, slower)")
@@ -179,6 +183,12 @@ class TrainConfig:
     warmup_fraction: float = option(0.0, "[derived] warmup_steps / max_steps")
     zero_stage: int = option(0, "[derived] ZeRO stage read from the accelerate file (0 = plain DDP)")
     mixed_precision: str = option("no", "[derived] precision read from the accelerate file: no, fp16 or bf16")
+    reference_family: str = option("", "[derived] the reference VAE's family, or the class name of one measured "
+                                   "(ref_vae_family=auto); empty in autoencoder mode")
+    reference_geometry: dict = field(default_factory=dict, metadata={"help": "[derived] what was measured of a VAE "
+                                     "no family names (models/vae_geometry.py); empty otherwise"})
+    student_args: dict = field(default_factory=dict, metadata={"help": "[derived] the student's construction "
+                               "arguments (model_variant=auto builds them from the reference VAE)"})
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -186,7 +196,8 @@ class TrainConfig:
 
 DERIVED_KEYS = {f.name for f in dataclasses.fields(TrainConfig) if f.metadata["help"].startswith("[derived]")}
 SETTABLE_KEYS = [f.name for f in dataclasses.fields(TrainConfig) if f.name not in DERIVED_KEYS]
-FIELD_TYPES = {f.name: type(f.default) for f in dataclasses.fields(TrainConfig)}
+FIELD_TYPES = {f.name: type(f.default if f.default is not dataclasses.MISSING else f.default_factory())
+               for f in dataclasses.fields(TrainConfig)}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -346,6 +357,8 @@ def launch_values(profile_or_path: str, overrides: list[str] | None = None) -> t
         stage_overrides(values["stages"], stage, source)
     values.update(stage_overrides(values.get("stages", ()), set_values.get("stage", values.get("stage", 0)), source))
     values.update(set_values)
+    if "ref_vae_path" in values and "ref_vae_family" not in values:  # a VAE of one's own: read what it is
+        values["ref_vae_family"] = "auto"
     return values, set_values, source
 
 
@@ -388,16 +401,71 @@ def load_config(
 # ------------------------------------------------------------------------------------------------
 
 
+def student_of(config: TrainConfig) -> TAEHVArgs:
+    """The student's construction arguments (resolved from model_variant by validate)."""
+    return TAEHVArgs.from_json_dict(config.student_args)
+
+
+def measured_geometry(config: TrainConfig):
+    """The VAEGeometry of a reference VAE no family names, else None."""
+    if not config.reference_geometry:
+        return None
+    from models.vae_geometry import VAEGeometry
+
+    return VAEGeometry.from_json_dict(config.reference_geometry)
+
+
+def resolve_reference(c: TrainConfig) -> None:
+    """ref_vae_family=auto -> the family of the class ref_vae_path's config.json names, or that
+    class measured (models/vae_geometry.py: torch is imported only then); model_variant=auto ->
+    the student that fits. Sets the derived reference_family, reference_geometry, student_args."""
+    from models import vae_geometry
+
+    c.reference_family, c.reference_geometry = "", {}
+    if c.use_ref_vae:
+        try:
+            c.reference_family, geometry = vae_geometry.identify(c.ref_vae_family, c.ref_vae_path)
+        except ValueError as error:
+            raise ConfigError(f"ref_vae_family=auto: {error}, or name the family (ref_vae_family=...)") from None
+        c.reference_geometry = geometry.to_json_dict() if geometry else {}
+    if c.model_variant != "auto":
+        c.student_args = VARIANTS[c.model_variant].to_json_dict()
+        return
+    geometry = measured_geometry(c)
+    if geometry is not None:
+        args, problem = vae_geometry.student_for(geometry)
+        if problem:
+            raise ConfigError(f"model_variant=auto: {problem}")
+        c.student_args = args.to_json_dict()
+    elif c.use_ref_vae:
+        vae_config = None
+        if c.reference_family == "wan":  # the layout decides: read it when the folder has it
+            try:
+                vae_config = vae_geometry.read_vae_config(c.ref_vae_path)
+            except ValueError:
+                pass
+        c.student_args = VARIANTS[public_variant(c.reference_family, vae_config)].to_json_dict()
+    else:
+        raise ConfigError("model_variant=auto shapes the student from the reference VAE, but use_ref_vae=false: "
+                          "name a variant (e.g. model_variant=taehv)")
+
+
 def valid_frame_counts(config: TrainConfig, limit: int = 64) -> list[int]:
     """Counts whose reference latents decode back to the same frames (models/reference_vae.py:
-    4k+1 for hunyuan and wan, 8k+1 for cogvideox). Autoencoder mode needs whole latent frames of
-    the student (multiples of its t_downscale; a chunked variant such as taeh3 its own rule)."""
+    4k+1 for hunyuan and wan, 8k+1 for cogvideox; a measured VAE: the counts where the student
+    gives its latent and decoded counts). Autoencoder mode needs whole latent frames of the
+    student (multiples of its t_downscale; a chunked variant such as taeh3 its own rule)."""
+    geometry = measured_geometry(config)
+    if geometry is not None:
+        from models.vae_geometry import valid_frame_counts as measured_frame_counts
+
+        return measured_frame_counts(geometry, student_of(config), limit)
     if config.use_ref_vae:
-        return reference_frame_counts(config.ref_vae_family, limit)
-    student = VARIANTS[config.model_variant]
-    if student.chunk is not None:
-        return student.valid_frame_counts(limit - 1)
-    return [n for n in range(student.t_downscale, limit) if n % student.t_downscale == 0]
+        return reference_frame_counts(config.reference_family, limit)
+    student_args = student_of(config)
+    if student_args.chunk is not None:
+        return student_args.valid_frame_counts(limit - 1)
+    return [n for n in range(student_args.t_downscale, limit) if n % student_args.t_downscale == 0]
 
 
 def _nearest(value: int, candidates: list[int]) -> str:
@@ -407,41 +475,58 @@ def _nearest(value: int, candidates: list[int]) -> str:
 
 def decoded_frame_count(config: TrainConfig) -> int:
     """Frames the student's round trip of an n_frames clip gives back (the reference VAE's rule
-    keeps n; in autoencoder mode the decoder trims its first frames_to_trim outputs)."""
-    if config.use_ref_vae:
+    keeps n, a measured one what it decodes to; in autoencoder mode the decoder trims its first
+    frames_to_trim outputs)."""
+    if config.use_ref_vae and not config.reference_geometry:
         return config.n_frames
-    student = VARIANTS[config.model_variant]
-    return student.decoded_frame_count(student.latent_frame_count(config.n_frames))
+    args = student_of(config)
+    return args.decoded_frame_count(args.latent_frame_count(config.n_frames))
 
 
 def latent_space(config: TrainConfig) -> str:
     """The resolved latent space of the reference latents ('' in autoencoder mode)."""
-    return resolve_latent_space(config.ref_vae_family, config.ref_vae_latent_space) if config.use_ref_vae else ""
+    if not config.use_ref_vae:
+        return ""
+    geometry = measured_geometry(config)
+    if geometry is not None:
+        from models.vae_geometry import resolve_latent_space as measured_latent_space
+
+        return measured_latent_space(geometry, config.ref_vae_latent_space)
+    return resolve_latent_space(config.reference_family, config.ref_vae_latent_space)
 
 
 def validate(config: TrainConfig, check_paths: bool = True) -> None:
     c = config
-    if c.model_variant not in VARIANTS:
-        raise ConfigError(f"model_variant={c.model_variant!r} is not a TAEHV variant; choose one of {', '.join(VARIANTS)}")
-    if c.ref_vae_family not in FAMILIES:
-        raise ConfigError(f"ref_vae_family={c.ref_vae_family!r}: choose one of {', '.join(FAMILIES)}")
+    if c.model_variant not in (*VARIANTS, "auto"):
+        raise ConfigError(f"model_variant={c.model_variant!r} is not a TAEHV variant; choose auto or one of {', '.join(VARIANTS)}")
+    if c.ref_vae_family not in (*FAMILIES, "auto"):
+        raise ConfigError(f"ref_vae_family={c.ref_vae_family!r}: choose auto or one of {', '.join(FAMILIES)}")
     if c.ref_vae_latent_space not in ("auto", *LATENT_SPACES):
         raise ConfigError(f"ref_vae_latent_space={c.ref_vae_latent_space!r}: choose auto, {', '.join(LATENT_SPACES)}")
+    resolve_reference(c)
     try:
-        resolve_latent_space(c.ref_vae_family, c.ref_vae_latent_space)
+        latent_space(c)
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    args = student_of(c)
+    if c.pretrained_model_path and args.variant not in VARIANTS:
+        raise ConfigError(f"pretrained_model_path={c.pretrained_model_path!r}: model_variant=auto built {args.variant} for "
+                          f"{c.reference_family}, which has no public weights: set pretrained_model_path='' to train it "
+                          "from scratch")
     frames = valid_frame_counts(c)
     if c.n_frames not in frames:
-        rule = "{}k+{}".format(*FRAME_RULES[c.ref_vae_family])
-        if not c.use_ref_vae:
-            rule = "{}k+{}".format(*VARIANTS[c.model_variant].frame_rule()) if VARIANTS[c.model_variant].chunk else \
-                f"a multiple of {VARIANTS[c.model_variant].t_downscale}"
-        mode = f"the {c.ref_vae_family} reference VAE (needs {rule})" if c.use_ref_vae else f"autoencoder mode (needs {rule})"
+        if c.reference_geometry:
+            from models.vae_geometry import frame_rule_text
+
+            rule = frame_rule_text(measured_geometry(c), args)
+        elif c.use_ref_vae:
+            rule = "{}k+{}".format(*FRAME_RULES[c.reference_family])
+        else:
+            rule = "{}k+{}".format(*args.frame_rule()) if args.chunk else f"a multiple of {args.t_downscale}"
+        mode = f"the {c.reference_family} reference VAE (needs {rule})" if c.use_ref_vae else f"autoencoder mode (needs {rule})"
         raise ConfigError(f"n_frames={c.n_frames} gives no whole latent frame count for {mode}: use {_nearest(c.n_frames, frames)}")
-    student = VARIANTS[c.model_variant]
-    if student.latent_frame_count(c.n_frames) < 2 and not c.image_only:  # TGrow's other outputs and the memory blocks' `past` get no gradient
-        enough = min(n for n in frames if student.latent_frame_count(n) >= 2)
+    if args.latent_frame_count(c.n_frames) < 2 and not c.image_only:  # TGrow's other outputs and the memory blocks' `past` get no gradient
+        enough = min(n for n in frames if args.latent_frame_count(n) >= 2)
         raise ConfigError(f"n_frames={c.n_frames} gives 1 latent frame: the decoder's temporal layers would not train; "
                           f"use {enough} or more (or set image_only=true for an image autoencoder)")
     decoded_frames = decoded_frame_count(c)
@@ -452,11 +537,11 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
         what = f"temporal_weight={c.temporal_weight}" if c.temporal_weight > 0 else f"best_metric={c.best_metric}"
         raise ConfigError(f"{what} compares consecutive frames, n_frames={c.n_frames} gives {decoded_frames} decoded frame: "
                           f"raise n_frames, or set temporal_weight=0 and another best_metric")
-    multiple = 8 * VARIANTS[c.model_variant].patch_size
+    multiple = 8 * args.patch_size
     for key in ("height", "width"):
         value = getattr(c, key)
         if value <= 0 or value % multiple:
-            raise ConfigError(f"{key}={value} must be a positive multiple of {multiple} for {c.model_variant}: use {max(multiple, value // multiple * multiple)}")
+            raise ConfigError(f"{key}={value} must be a positive multiple of {multiple} for {args.variant}: use {max(multiple, value // multiple * multiple)}")
     if not 1 <= c.min_frame_delta <= c.max_frame_delta:
         raise ConfigError(f"min_frame_delta={c.min_frame_delta}, max_frame_delta={c.max_frame_delta}: need 1 <= min <= max")
     metrics = ("psnr", "ssim", "lpips", "flicker") + (("decode_psnr", "decode_ssim", "decode_lpips", "decode_flicker")
@@ -564,7 +649,7 @@ def input_problems(c: TrainConfig) -> list[str]:
                 problems.append(str(error))
     elif c.use_ref_vae:
         folder = Path(c.ref_vae_path)
-        public = PUBLIC_PIPELINES.get(c.ref_vae_family)
+        public = PUBLIC_PIPELINES.get(c.reference_family)
         default = TrainConfig.__dataclass_fields__["ref_vae_path"].default
         local = c.ref_vae_path if c.ref_vae_path != default or not public else f"pretrained/{public.split('/')[-1]}"
         example = (f" (e.g. hf download {public} --include 'vae/*' --local-dir {local}"
@@ -572,13 +657,13 @@ def input_problems(c: TrainConfig) -> list[str]:
         if folder.is_dir():
             if not (folder / "config.json").is_file() and not (folder / "vae" / "config.json").is_file():
                 problems.append(f"ref_vae_path={c.ref_vae_path!r} holds no config.json (nor vae/config.json): point it at "
-                                f"the diffusers {c.ref_vae_family} pipeline folder or its vae/ subfolder")
+                                f"the diffusers {c.reference_family} pipeline folder or its vae/ subfolder")
         elif not HUB_ID.match(c.ref_vae_path) or c.ref_vae_path == default:  # the default names a local folder
             problems.append(f"ref_vae_path={c.ref_vae_path!r} is not a local folder: put the diffusers "
-                            f"{c.ref_vae_family} pipeline in a local folder and set ref_vae_path to it{example}")
+                            f"{c.reference_family} pipeline in a local folder and set ref_vae_path to it{example}")
         elif not hub_model_is_cached(c.ref_vae_path):  # every rank of every node would download it at start
             problems.append(f"ref_vae_path={c.ref_vae_path!r} is no local folder and not in the Hugging Face cache: copy "
-                            f"the diffusers {c.ref_vae_family} pipeline there, or download it once on each node "
+                            f"the diffusers {c.reference_family} pipeline there, or download it once on each node "
                             f"(hf download {c.ref_vae_path} --include 'vae/*')")
     remote = [key for key in ("data_root", "index_path") if is_remote(getattr(c, key))]
     for key in remote:  # one line naming the bucket, endpoint or credentials, before anything starts
@@ -628,7 +713,7 @@ def read_accelerate_file(accelerate_config: str) -> dict:
 
 def resolve(c: TrainConfig) -> None:
     """Derived values, computed once after every override."""
-    c.latent_frames = VARIANTS[c.model_variant].latent_frame_count(c.n_frames)
+    c.latent_frames = student_of(c).latent_frame_count(c.n_frames)
     c.warmup_fraction = round(c.warmup_steps / c.max_steps, 6)
     if c.global_batch_size == 0:
         c.global_batch_size = c.batch_size_per_gpu * c.num_processes * c.gradient_accumulation_steps
@@ -662,6 +747,24 @@ def config_summary(config: TrainConfig) -> str:
     return json.dumps(config.to_dict(), indent=2)
 
 
+def model_lines(c: TrainConfig) -> list[str]:
+    """What the run distills from and into: the reference VAE (measured, for a class no family
+    names) and the student model_variant gives or auto chose."""
+    args, lines = student_of(c), []
+    geometry = measured_geometry(c)
+    if geometry is not None:
+        lines.append(f"reference VAE measured: {geometry.summary()}; latent space {latent_space(c)}")
+    elif c.use_ref_vae:
+        lines.append(f"reference VAE: {c.reference_family}, frames {'{}k+{}'.format(*FRAME_RULES[c.reference_family])}, "
+                     f"latent space {latent_space(c)}")
+    how = "chosen by model_variant=auto" if c.model_variant == "auto" else "model_variant"
+    public = "public variant: its weights can start the run" if args.variant in VARIANTS else "no public weights: trained from scratch"
+    lines.append(f"student: {args.variant} ({how}; {public}): {args.latent_channels} latent channels, "
+                 f"{args.spatial_downscale}x spatial, {args.t_downscale}x in time, "
+                 f"{c.n_frames} frames -> {c.latent_frames} latents -> {decoded_frame_count(c)} frames")
+    return lines
+
+
 def configuration_markdown() -> str:
     """docs/configuration.md, generated from the base so it cannot drift."""
     lines = [
@@ -674,8 +777,9 @@ def configuration_markdown() -> str:
         "| key | type | default | meaning |",
         "|---|---|---|---|",
     ]
+    defaults = TrainConfig()
     for f in dataclasses.fields(TrainConfig):
-        lines.append(f"| `{f.name}` | {type(f.default).__name__} | `{f.default!r}` | {f.metadata['help']} |")
+        lines.append(f"| `{f.name}` | {FIELD_TYPES[f.name].__name__} | `{getattr(defaults, f.name)!r}` | {f.metadata['help']} |")
     from training.legacy_config import legacy_markdown
 
     return "\n".join(lines + legacy_markdown()) + "\n"
@@ -764,6 +868,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {line}")
         print("resolved config:")
         print(config_summary(config))
+        print("model:")
+        for line in model_lines(config):
+            print(f"  {line}")
         print("memory (estimated per rank; training/memory.py, docs/performance.md):")
         over_budget = print_memory(config, args.check_gpu_budget, sys.stdout)
         from training.decode_budget import decode_budget_lines

@@ -27,7 +27,8 @@ def step_tflops(config) -> float:
 
     from training.prepare_once import unique_temporary
 
-    keys = ("model_variant", "batch_size_per_gpu", "n_frames", "height", "width", "use_ref_vae", "ref_vae_family", "latent_cache",
+    keys = ("student_args", "batch_size_per_gpu", "n_frames", "height", "width", "use_ref_vae", "reference_family",
+            "reference_geometry", "ref_vae_path", "latent_cache",
             "reconstruction_weight", "encoder_weight", "decoder_weight", "perceptual_weight", "seraena_weight", "temporal_weight")
     import hashlib
 

@@ -77,9 +77,9 @@ def gather_full_state(accelerator, model, optimizer) -> dict:
 def checkpoint_contract(config) -> dict:
     """What a checkpoint must share with the run that resumes it: the student's architecture and
     the objects registered with accelerate (scheduler and progress always; EMA and Seraena when on)."""
-    from training.config import latent_space
+    from training.config import latent_space, student_of
 
-    return {"model_variant": config.model_variant, "ref_vae_latent_space": latent_space(config),
+    return {"model_variant": student_of(config).variant, "ref_vae_latent_space": latent_space(config),
             "registered": ["scheduler", "progress"] + ["ema"] * (config.ema_decay > 0) + ["seraena"] * (config.seraena_weight > 0)}
 
 
@@ -94,7 +94,7 @@ def check_resumable(folder: Path, config) -> None:
     expected = checkpoint_contract(config)
     if saved.get("model_variant", expected["model_variant"]) != expected["model_variant"]:
         raise ValueError(f"{folder} holds a {saved['model_variant']!r} student but this run has model_variant="
-                         f"{config.model_variant!r}: resume with --set model_variant={saved['model_variant']} or start a new run folder")
+                         f"{config.model_variant!r} ({expected['model_variant']}): resume with --set model_variant={saved['model_variant']} or start a new run folder")
     # checkpoints written before the key learnt raw latents; autoencoder mode ('') has no space to compare
     saved_space, space = saved.get("ref_vae_latent_space", "raw"), expected["ref_vae_latent_space"]
     if saved_space and space and saved_space != space:

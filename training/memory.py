@@ -41,6 +41,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
+from training.config import measured_geometry, student_of
 
 GB = 1e9
 CUDA_CONTEXT_GB = 1.5
@@ -145,7 +146,7 @@ def measure_step(config, fake: bool = True, batch: int | None = None, height: in
         torch.manual_seed(0)
         torch.set_default_dtype(dtype)  # built in its dtype: a module .to() cannot convert fake parameters
         try:
-            taehv = TAEHV(config.model_variant).set_gradient_checkpointing(config.gradient_checkpointing).train()
+            taehv = TAEHV(student_of(config)).set_gradient_checkpointing(config.gradient_checkpointing).train()
         finally:
             torch.set_default_dtype(default_dtype)
         taehv.set_fast_path(config.channels_last, "")
@@ -181,18 +182,19 @@ def measure_reference_encode(config) -> int:
     student's step and is freed before it, so a rank needs the larger of the two."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from models.reference_vae import ReferenceVAE, vae_class
+    from models.reference_vae import ReferenceVAE, reference_architecture
 
+    geometry = measured_geometry(config)
     default_dtype = torch.get_default_dtype()
     with FakeTensorMode():
         torch.set_default_dtype(torch.bfloat16)  # as the step: built in its dtype
         try:
-            vae = vae_class(config.ref_vae_family)().eval()
+            vae = reference_architecture(config.reference_family, geometry, config.ref_vae_path)
         finally:
             torch.set_default_dtype(default_dtype)
-        if config.ref_vae_tiling and hasattr(vae, "enable_tiling"):
+        if (config.ref_vae_tiling or (geometry and geometry.needs_tiling)) and hasattr(vae, "enable_tiling"):
             vae.enable_tiling()
-        reference = ReferenceVAE(vae, config.ref_vae_family, sample_latents=config.ref_vae_sample_latents)
+        reference = ReferenceVAE(vae, config.reference_family, sample_latents=config.ref_vae_sample_latents, geometry=geometry)
         video = torch.rand(config.batch_size_per_gpu, config.n_frames, 3, config.height, config.width)
         tracker = StepPeak()
         with tracker, torch.no_grad():
@@ -206,7 +208,7 @@ def measure_reference_encode(config) -> int:
 def estimate_memory(config) -> MemoryEstimate:
     from models.taehv import TAEHV
 
-    model = TAEHV(config.model_variant)
+    model = TAEHV(student_of(config))
     params = sum(p.numel() for p in model.parameters())
     processes, zero = max(1, config.num_processes), config.zero_stage
     low_precision = config.mixed_precision in ("bf16", "fp16")
@@ -229,7 +231,7 @@ def estimate_memory(config) -> MemoryEstimate:
     gpu["EMA"] = params * 4 / ema_share / GB if config.ema_decay > 0 else 0.0
     gpu["LPIPS"] = LPIPS_PARAMS * 4 / GB if config.perceptual_weight > 0 else 0.0
     if config.use_ref_vae and not config.latent_cache:
-        gpu["reference VAE weights"] = REFERENCE_VAE_PARAMS.get(config.ref_vae_family, 250e6) * 2 / GB
+        gpu["reference VAE weights"] = REFERENCE_VAE_PARAMS.get(config.reference_family, 250e6) * 2 / GB
         try:
             estimate.reference_encode_gb = measure_reference_encode(config) / GB
         except Exception as error:  # an architecture fake tensors cannot trace: said, not fatal to a dry run

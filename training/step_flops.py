@@ -17,6 +17,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from models.taehv import TAEHV
+from training.config import measured_geometry, student_of
 
 
 def _counted(fn) -> float:
@@ -35,7 +36,7 @@ def step_flops(config) -> dict[str, float]:
     want_reference_decode = distill and (config.decoder_weight > 0 or judged)
     parts: dict[str, float] = {}
     with torch.device("meta"):
-        taehv = TAEHV(config.model_variant).train()
+        taehv = TAEHV(student_of(config)).train()
         video = torch.rand(batch, frames, 3, height, width)
         with torch.no_grad():
             latent_shape = taehv.encode_video(video).shape
@@ -63,7 +64,7 @@ def step_flops(config) -> dict[str, float]:
         if config.seraena_weight > 0:
             parts["seraena"] = _seraena_flops(decoded, reference_latents)
         if distill and not config.latent_cache:
-            parts["reference"] = _reference_flops(config.ref_vae_family, video)
+            parts["reference"] = _reference_flops(config, video)
     parts["total"] = sum(parts.values())
     return parts
 
@@ -88,10 +89,10 @@ def _seraena_flops(decoded: torch.Tensor, latents: torch.Tensor) -> float:
     return _counted(discriminator_step) + _counted(correction)
 
 
-def _reference_flops(family: str, video: torch.Tensor) -> float:
-    from models.reference_vae import vae_class
+def _reference_flops(config, video: torch.Tensor) -> float:
+    from models.reference_vae import reference_architecture
 
-    vae = vae_class(family)().eval()  # default config: the published architecture
+    vae = reference_architecture(config.reference_family, measured_geometry(config), config.ref_vae_path)
     pixels = video.permute(0, 2, 1, 3, 4) * 2 - 1
     with torch.no_grad():
         return _counted(lambda: vae.encode(pixels))

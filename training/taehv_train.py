@@ -31,7 +31,7 @@ from training.builders import (build_accelerator, build_datasets, build_lpips, b
 from training.checkpoints import (Progress, check_run_folder, complete_checkpoints, current_weights,  # noqa: E402
                                   export_info, export_model, full_state_dict, resume,
                                   save_checkpoint, weights_fingerprint)
-from training.config import ConfigError, TrainConfig, error_line  # noqa: E402
+from training.config import ConfigError, TrainConfig, error_line, student_of  # noqa: E402
 from training.dataset import DataFailureError, FailureTracker, IndexFormatError  # noqa: E402
 from training.storage import StorageUnavailable  # noqa: E402
 from training.distill import PartitionedEMA, WeightEMA, add_seraena_term, forward_losses  # noqa: E402
@@ -169,7 +169,7 @@ def check_starting_latent_space(config: TrainConfig, reference_vae, validation_d
     from training.latent_space_check import latent_space_problem, latent_space_report, summary_line
 
     device = reference_vae.shift.device
-    student = TAEHV.from_pretrained(config.pretrained_model_path, variant=config.model_variant).to(device).eval()
+    student = TAEHV.from_pretrained(config.pretrained_model_path, variant=student_of(config).variant).to(device).eval()
     videos = [validation_dataset[i]["video"][None].to(device).float() / 255 for i in range(min(4, len(validation_dataset)))]
     report = latent_space_report(student, reference_vae, videos)
     if int(os.environ.get("RANK", "0")) == 0:
@@ -212,7 +212,7 @@ def accumulation_dtype(model) -> str:
 def describe_teacher(config: TrainConfig) -> str:
     if not config.use_ref_vae:
         return "autoencoder mode"
-    return f"distilling from {config.ref_vae_family}" + (f" (latents from the cache {config.latent_cache})" if config.latent_cache else "")
+    return f"distilling from {config.reference_family}" + (f" (latents from the cache {config.latent_cache})" if config.latent_cache else "")
 
 
 def train(run: TrainingRun) -> None:

@@ -10,7 +10,7 @@ import torch
 
 from models.taehv import TAEHV
 from training.checkpoints import current_weights, export_info, export_model
-from training.config import decoded_frame_count
+from training.config import decoded_frame_count, student_of
 from training.distill import aligned
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ def with_baseline(run: TrainingRun, metrics: dict) -> dict:
     if not run.config.pretrained_model_path:
         return metrics
     if run.progress.baseline is None:
-        start = TAEHV.from_pretrained(run.config.pretrained_model_path, variant=run.config.model_variant)
+        start = TAEHV.from_pretrained(run.config.pretrained_model_path, variant=student_of(run.config).variant)
         run.progress.baseline = validate(run, start.to(run.accelerator.device).eval())
         run.log.line(validation_line(0, run.progress.baseline).replace("Validation at step 0", "Starting weights"))
     compared = {f"{k}_vs_start": metrics[k] - run.progress.baseline[k]
