@@ -230,6 +230,7 @@ ${BOLD}TAEHV training${RESET}
   run folder       $OUTPUT_DIR
   resume           ${RESUME:-no}
   data / weights   $CONFIG_DATA_ROOT | ${CONFIG_PRETRAINED:-from scratch} | $CONFIG_REF_VAE
+  model            $CONFIG_MODEL
 EOF
 if [[ -n "$CONFIG_STAGES" ]] && (( ! STAGE_GIVEN )); then
   echo "  stages           $CONFIG_STAGES (name:steps; each a launch with --set stage=K in $OUTPUT_DIR/stage<K>-<name>/)"

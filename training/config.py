@@ -428,10 +428,16 @@ def resolve_reference(c: TrainConfig) -> None:
         except ValueError as error:
             raise ConfigError(f"ref_vae_family=auto: {error}, or name the family (ref_vae_family=...)") from None
         c.reference_geometry = geometry.to_json_dict() if geometry else {}
+    geometry = measured_geometry(c)
     if c.model_variant != "auto":
         c.student_args = VARIANTS[c.model_variant].to_json_dict()
+        args = VARIANTS[c.model_variant]
+        if geometry is not None and ((args.latent_channels, args.spatial_downscale) != (geometry.latent_channels, geometry.spatial_factor)
+                                     or not any(args.latent_frame_count(n) >= 2 for n in vae_geometry.agreeing_counts(geometry, args))):
+            raise ConfigError(f"model_variant={c.model_variant} ({args.latent_channels} latent channels, {args.spatial_downscale}x "
+                              f"spatial, {args.t_downscale}x in time) does not fit the measured {geometry.summary()}: "
+                              "use model_variant=auto")
         return
-    geometry = measured_geometry(c)
     if geometry is not None:
         args, problem = vae_geometry.student_for(geometry)
         if problem:
@@ -910,6 +916,7 @@ def main(argv: list[str] | None = None) -> int:
             "CONFIG_DATA_ROOT": config.data_root,
             "CONFIG_PRETRAINED": config.pretrained_model_path,
             "CONFIG_REF_VAE": config.ref_vae_path if config.use_ref_vae else "(autoencoder mode)",
+            "CONFIG_MODEL": " | ".join(model_lines(config)),
             "VISIBLE_GPUS": 0 if args.cpu_profile or config.accelerate_config.endswith("_cpu.yaml") else visible_gpu_count(),
             "CONFIG_STAGES": " ".join(f"{name}:{dict(entry)['steps']}" for name, entry in zip(stage_names(config.stages), config.stages)),
         }
