@@ -249,9 +249,11 @@ def tiny_reference_vae(family: str, wan_layout: str = "2.1") -> nn.Module:
 
 
 @torch.no_grad()
-def student_fit_problem(reference: ReferenceVAE, student: TAEHVArgs) -> str:
-    """'' when the student's latents have the reference's shape; else one line naming the
-    variants that fit. Measured: one small encode (64x64, the smallest valid clip of 2+ latents)."""
+def student_fit_problem(reference: ReferenceVAE, student: TAEHVArgs | str) -> str:
+    """'' when the student (its arguments, or a variant's name) gives latents of the reference's
+    shape; else one line naming the variants that fit. Measured: one small encode (64x64, the
+    smallest valid clip of 2+ latents)."""
+    student = VARIANTS[student] if isinstance(student, str) else student
     frames = next(n for n in reference.valid_frame_counts(64) if n > 1)
     side = 64
     device = reference.shift.device

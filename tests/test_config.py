@@ -53,7 +53,7 @@ def test_production_profiles_have_the_values_users_run():
         (["height=470"], "height=470 must be a positive multiple of 8"),
         (["global_batch_size=64"], "global_batch_size=64 but batch_size_per_gpu 4 x processes 8 x gradient_accumulation_steps 4 = 128"),
         (["checkpointing_steps=200000"], "checkpointing_steps=200000 exceeds max_steps=100000"),
-        (["ref_vae_family=sdxl"], "ref_vae_family='sdxl': choose one of cogvideox, hunyuan, hunyuan1_5, wan, ltx, ltx2, minimax_h3"),
+        (["ref_vae_family=sdxl"], "ref_vae_family='sdxl': choose auto or one of cogvideox, hunyuan, hunyuan1_5, wan, ltx, ltx2, minimax_h3"),
         (["use_ref_vae=false"], "autoencoder mode"),
         (["model_variant=taehv1_5", "height=472"], "multiple of 16 for taehv1_5"),
         (["zero_stage=3"], "derived key"),

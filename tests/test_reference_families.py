@@ -49,7 +49,7 @@ def test_a_student_that_does_not_fit_is_named_with_the_one_that_does():
     reference = ReferenceVAE(tiny_reference_vae("wan", "2.2"), "wan", sample_latents=False)
     problem = student_fit_problem(reference, "taew2_1")
     assert problem == ("model_variant=taew2_1 gives 16 latent channels, 8x spatial and 2 latent frames for 5 frames, "
-                       "but this wan VAE gives 48, 16x and 2: use model_variant=taew2_2 or taew2_2_super")
+                       "but this wan VAE gives 48, 16x and 2: use model_variant=auto or taew2_2 or taew2_2_super")
 
 
 def test_frame_rules_measured_on_the_classes_are_the_ones_declared():

@@ -357,9 +357,19 @@ def launch_values(profile_or_path: str, overrides: list[str] | None = None) -> t
         stage_overrides(values["stages"], stage, source)
     values.update(stage_overrides(values.get("stages", ()), set_values.get("stage", values.get("stage", 0)), source))
     values.update(set_values)
-    if "ref_vae_path" in values and "ref_vae_family" not in values:  # a VAE of one's own: read what it is
-        values["ref_vae_family"] = "auto"
+    if "ref_vae_path" in values and "ref_vae_family" not in values and _names_a_class(values["ref_vae_path"]):
+        values["ref_vae_family"] = "auto"  # a VAE of one's own: read what it is (a folder without one: the check names it)
     return values, set_values, source
+
+
+def _names_a_class(ref_vae_path: str) -> bool:
+    from models.vae_geometry import read_vae_config
+
+    try:
+        read_vae_config(ref_vae_path)
+    except ValueError:
+        return False
+    return True
 
 
 CAPPED_TO_MAX_STEPS = ("warmup_steps", "log_every", "validation_steps", "checkpointing_steps")
@@ -402,8 +412,9 @@ def load_config(
 
 
 def student_of(config: TrainConfig) -> TAEHVArgs:
-    """The student's construction arguments (resolved from model_variant by validate)."""
-    return TAEHVArgs.from_json_dict(config.student_args)
+    """The student's construction arguments (resolved from model_variant by validate; before
+    that, a named variant's own)."""
+    return TAEHVArgs.from_json_dict(config.student_args) if config.student_args else VARIANTS[config.model_variant]
 
 
 def measured_geometry(config: TrainConfig):
@@ -467,7 +478,7 @@ def valid_frame_counts(config: TrainConfig, limit: int = 64) -> list[int]:
 
         return measured_frame_counts(geometry, student_of(config), limit)
     if config.use_ref_vae:
-        return reference_frame_counts(config.reference_family, limit)
+        return reference_frame_counts(config.reference_family or config.ref_vae_family, limit)  # before validate: as set
     student_args = student_of(config)
     if student_args.chunk is not None:
         return student_args.valid_frame_counts(limit - 1)
