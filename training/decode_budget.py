@@ -23,35 +23,18 @@ PEAK_FLOPS = 989e12  # H100 SXM, dense bf16 (scripts/benchmark.py SPEC_PEAK_FLOP
 def step_tflops(config) -> float:
     """FLOPs of one micro-step (training/step_flops.py, several seconds on the meta device), kept in
     ~/.cache/taehv/step_flops.json by what they depend on, so repeated dry runs do not count again."""
-    import os
+    from training.measure_cache import cached_measurement
 
-    from training.prepare_once import unique_temporary
-
-    keys = ("student_args", "batch_size_per_gpu", "n_frames", "height", "width", "use_ref_vae", "reference_family",
-            "reference_geometry", "ref_vae_path", "latent_cache",
-            "reconstruction_weight", "encoder_weight", "decoder_weight", "perceptual_weight", "seraena_weight", "temporal_weight")
-    import hashlib
-
-    code = hashlib.sha1(b"".join((BENCHMARK.parents[1] / name).read_bytes()  # counted again when the counting changes
-                                 for name in ("training/step_flops.py", "models/taehv.py", "models/variants.py"))).hexdigest()[:12]
-    key = json.dumps([code] + [getattr(config, k) if k != "latent_cache" else bool(config.latent_cache) for k in keys])
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "taehv" / "step_flops.json"
-    try:
-        known = json.loads(cache.read_text())
-    except (OSError, ValueError):
-        known = {}
-    if key not in known:
+    def count() -> float:
         from training.step_flops import step_flops
 
-        known[key] = step_flops(config)["total"] / 1e12
-        try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            temporary = unique_temporary(cache)
-            temporary.write_text(json.dumps(known))
-            temporary.replace(cache)
-        except OSError:
-            pass  # a read-only home: counted again next time
-    return known[key]
+        return step_flops(config)["total"] / 1e12
+
+    keys = ("student_args", "batch_size_per_gpu", "n_frames", "height", "width", "use_ref_vae", "reference_family",
+            "reference_geometry", "ref_vae_path", "latent_cache", "reconstruction_weight", "encoder_weight", "decoder_weight",
+            "perceptual_weight", "seraena_weight", "temporal_weight")
+    return cached_measurement("step_flops", config, keys, ("training/step_flops.py", "models/taehv.py", "models/variants.py"),
+                              count)
 
 
 def expected_clips_per_s(config) -> float:

@@ -42,6 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 from training.config import measured_geometry, student_of
+from training.measure_cache import cached_measurement
 
 GB = 1e9
 CUDA_CONTEXT_GB = 1.5
@@ -205,6 +206,16 @@ def measure_reference_encode(config) -> int:
         return tracker.peak - weights
 
 
+# what the measured step and reference encode depend on (training/measure_cache.py keeps them)
+MEASURED_KEYS = ("student_args", "gradient_checkpointing", "channels_last", "train_encoder", "train_decoder", "use_ref_vae",
+                 "reference_family", "reference_geometry", "ref_vae_path", "ref_vae_tiling", "ref_vae_sample_latents",
+                 "latent_cache", "batch_size_per_gpu", "n_frames", "height", "width", "image_only", "zero_stage",
+                 "mixed_precision", "pixel_loss", "lpips_bf16", "reconstruction_weight", "encoder_weight", "decoder_weight",
+                 "perceptual_weight", "seraena_weight", "temporal_weight")
+MEASURING_CODE = ("training/memory.py", "training/distill.py", "models/taehv.py", "models/variants.py", "models/seraena.py",
+                  "models/metrics.py", "models/reference_vae.py", "models/vae_geometry.py")
+
+
 def estimate_memory(config) -> MemoryEstimate:
     from models.taehv import TAEHV
 
@@ -215,7 +226,8 @@ def estimate_memory(config) -> MemoryEstimate:
     weight_bytes = 2 if low_precision and zero > 0 else 4
     estimate = MemoryEstimate()
     gpu = estimate.gpu
-    measured_weights, peak = measure_step(config)
+    measured_weights, peak = cached_measurement("step_memory", config, MEASURED_KEYS, MEASURING_CODE,
+                                                lambda: measure_step(config))
     gpu["training step"] = (peak - measured_weights) / GB  # activations, the backward's working memory, gradients
     gpu["weights"] = params * weight_bytes / GB
     if zero == 0:
@@ -233,7 +245,8 @@ def estimate_memory(config) -> MemoryEstimate:
     if config.use_ref_vae and not config.latent_cache:
         gpu["reference VAE weights"] = REFERENCE_VAE_PARAMS.get(config.reference_family, 250e6) * 2 / GB
         try:
-            estimate.reference_encode_gb = measure_reference_encode(config) / GB
+            estimate.reference_encode_gb = cached_measurement("reference_encode_memory", config, MEASURED_KEYS,
+                                                              MEASURING_CODE, lambda: measure_reference_encode(config)) / GB
         except Exception as error:  # an architecture fake tensors cannot trace: said, not fatal to a dry run
             estimate.note = f"the reference VAE's encode was not measured ({type(error).__name__}: {str(error)[:120]})"
         # the encode's working memory is gone before the step starts: only what exceeds the step counts
