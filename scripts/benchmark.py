@@ -270,7 +270,8 @@ def profile_step_time(config, device: torch.device, steps: int, cached_latents: 
     from types import SimpleNamespace
 
     from models.metrics import LPIPS
-    from models.reference_vae import ReferenceVAE, vae_class
+    from models.reference_vae import ReferenceVAE, reference_architecture
+    from training.config import measured_geometry
     from training.builders import build_model, build_seraena, configure_cuda
     from training.distill import add_seraena_term, forward_losses
 
@@ -285,8 +286,10 @@ def profile_step_time(config, device: torch.device, steps: int, cached_latents: 
     video = torch.rand(config.batch_size_per_gpu, config.n_frames, 3, config.height, config.width, device=device)
     reference, latents = None, None
     if config.use_ref_vae:
-        vae = vae_class(config.ref_vae_family)().to(device, dtype if device.type == "cuda" else torch.float32)
-        reference = ReferenceVAE(vae.eval(), config.ref_vae_family, sample_latents=True)
+        geometry = measured_geometry(config)
+        vae = reference_architecture(config.reference_family, geometry, config.ref_vae_path)
+        vae = vae.to(device, dtype if device.type == "cuda" else torch.float32)
+        reference = ReferenceVAE(vae.eval(), config.reference_family, sample_latents=True, geometry=geometry)
         with torch.no_grad():
             latents = reference.encode(video)
     timer = PhaseTimer(device)
@@ -324,7 +327,7 @@ def profile_benchmark(args) -> dict:
         "loss_terms": {k: getattr(config, f"{k}_weight") for k in ("reconstruction", "encoder", "decoder", "perceptual", "seraena",
                                                                          "temporal")},
         "reference_vae": ("none (autoencoder mode)" if not config.use_ref_vae else "none (latents cached)" if cached
-                          else f"{config.ref_vae_family} on the fly (published architecture, random weights)"),
+                          else f"{config.reference_family} on the fly (published architecture, random weights)"),
         "flops_per_micro_step": flops,
         "student_flops_per_micro_step": flops["student"],
         "clips_per_s_per_gpu_at_989_tflops": batch / (flops["total"] / 989e12),

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from training.config import ConfigError, latent_space, load_config
+from training.config import ConfigError, latent_space, load_config, measured_geometry
 from training.dataset import DataFailureError, IndexFormatError, collate_clips
 from training.latent_cache import DTYPES, FORMAT_VERSION, SPLITS, CacheError, shard_path, write_shard
 from training.prepare_once import unique_temporary
@@ -148,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         if not (args.out / "cache.json").is_file():
             (args.out / "cache.json").write_text(json.dumps(meta, indent=2) + "\n")
-    reference = load_reference_vae(config.ref_vae_family, config.ref_vae_path, accelerator.device, tiling=config.ref_vae_tiling,
-                                   latent_space=config.ref_vae_latent_space)
+    reference = load_reference_vae(config.reference_family, config.ref_vae_path, accelerator.device, tiling=config.ref_vae_tiling,
+                                   latent_space=config.ref_vae_latent_space, geometry=measured_geometry(config))
     batch_size = args.batch_size or config.batch_size_per_gpu
     started, written, reused = time.perf_counter(), 0, 0
     for split in SPLITS:

@@ -108,7 +108,8 @@ def test_auto_names_the_family_of_a_named_class_and_its_public_student(tmp_path)
 @pytest.mark.parametrize("name", list(CLASSES))
 def test_a_tae_for_each_class_trains_exports_and_scores_through_the_launcher(name, vae_folders, tmp_path):
     """The issue's command for each class: a few steps, final/ exported, and inference.py scores
-    the exported .safetensors alone (no model_info.json beside it) against the reference."""
+    the exported .safetensors alone (no model_info.json beside it) against the reference; the
+    converter makes another such file from the run's checkpoint."""
     _, frames, (channels, _, _, _, variant) = CLASSES[name]
     folder = vae_folders / name
     run_dir = tmp_path / "run"
@@ -138,3 +139,11 @@ def test_a_tae_for_each_class_trains_exports_and_scores_through_the_launcher(nam
     assert scored["model"]["variant"] == variant
     assert scored["mean"]["decode_reference_latents"]["psnr"] > 0 and scored["mean"]["reference_round_trip"]["psnr"] > 0
     assert re.search(r"Validation at step 2 \| psnr: [\d.]+ dB", result.stdout + result.stderr)
+    # the converter takes the run's student from its checkpoint; its .safetensors alone loads again
+    from models.taehv import TAEHV
+    from scripts.convert_checkpoint import main as convert
+
+    converted = tmp_path / "converted" / "tae.safetensors"
+    assert convert([str(run_dir / "checkpoints" / "checkpoint-2"), "--out", str(converted)]) == 0
+    (converted.parent / "model_info.json").unlink()
+    assert TAEHV.from_pretrained(converted).args == TAEHV.from_pretrained(alone).args
