@@ -32,8 +32,11 @@ demo: $(STAMP)
 	PYTHON=$(PY) ./train_taehv_h100.sh 1 cpu
 	$(PY) inference.py --model output/latest --held-out-of output/latest $(DEMO_EVAL) --out output/latest/evaluation
 
+# two test processes, each test file in one of them (its module fixtures built once): many tests wait
+# on launched processes, so two share 2 cores well (31 min instead of about 45 here); more need more memory
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # gpu-check runs in the Python a GPU machine was set up with, when there is one: PY=... given on the
 # command line, else the active conda env (environment.yml); building .venv there would install a

@@ -94,7 +94,7 @@ def check_resumable(folder: Path, config) -> None:
     expected = checkpoint_contract(config)
     if saved.get("model_variant", expected["model_variant"]) != expected["model_variant"]:
         raise ValueError(f"{folder} holds a {saved['model_variant']!r} student but this run has model_variant="
-                         f"{config.model_variant!r} ({expected['model_variant']}): resume with --set model_variant={saved['model_variant']} or start a new run folder")
+                         f"{config.model_variant!r}{' (' + expected['model_variant'] + ')' if config.model_variant == 'auto' else ''}: resume with --set model_variant={saved['model_variant']} or start a new run folder")
     # checkpoints written before the key learnt raw latents; autoencoder mode ('') has no space to compare
     saved_space, space = saved.get("ref_vae_latent_space", "raw"), expected["ref_vae_latent_space"]
     if saved_space and space and saved_space != space:
