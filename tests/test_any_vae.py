@@ -85,6 +85,18 @@ def test_a_time_factor_the_student_cannot_take_is_refused_in_one_line(vae_folder
     assert "AutoencoderKLMochi measures 6x in time (13 frames -> 3 latents)" in message and "1x, 2x, 4x or 8x" in message
 
 
+def test_the_launcher_refuses_it_in_one_line_before_any_run_folder_exists(vae_folders, tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, "MASTER_PORT": str(free_port())}
+    command = [str(REPO_ROOT / "train_taehv_h100.sh"), "1", "test", "--output-dir", str(tmp_path / "run"),
+               "--set", "use_ref_vae=true", "--set", f"ref_vae_path={vae_folders / 'AutoencoderKLMochi'}",
+               "--set", "ref_vae_family=auto", "--set", "model_variant=auto", "--set", "n_frames=13"]
+    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and "AutoencoderKLMochi measures 6x in time" in errors[0], result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
+
+
 def test_a_named_variant_that_does_not_fit_a_measured_vae_names_what_was_measured(vae_folders):
     from training.config import ConfigError, load_config
 
