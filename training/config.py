@@ -774,7 +774,7 @@ def model_lines(c: TrainConfig) -> list[str]:
     elif c.use_ref_vae:
         lines.append(f"reference VAE: {c.reference_family}, frames {'{}k+{}'.format(*FRAME_RULES[c.reference_family])}, "
                      f"latent space {latent_space(c)}")
-    how = "chosen by model_variant=auto" if c.model_variant == "auto" else "model_variant"
+    how = "chosen by model_variant=auto" if c.model_variant == "auto" else f"model_variant={c.model_variant}"
     public = "public variant: its weights can start the run" if args.variant in VARIANTS else "no public weights: trained from scratch"
     lines.append(f"student: {args.variant} ({how}; {public}): {args.latent_channels} latent channels, "
                  f"{args.spatial_downscale}x spatial, {args.t_downscale}x in time, "
