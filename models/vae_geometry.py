@@ -11,8 +11,8 @@ not depend on the weights) and encodes 1..17 frames of 64x64 once each, decoding
   (Allegro), or has no Gaussian to sample (Cosmos: its latent is the distribution's mode);
 - the latent spaces its config or buffers define: `scaling_factor` (scaled), `latents_mean` and
   `latents_std` of one value per channel (normalized).
-The result is cached in ~/.cache/taehv/vae_geometry.json by the config and this file's code, so a
-launch measures once per machine. Plain data and the student's shape need no torch; only the
+The result is cached in ~/.cache/taehv/vae_geometry.json (training/measure_cache.py) by the config
+and this file's code, so a launch measures once per machine. Plain data and the student's shape need no torch; only the
 measurement imports it.
 """
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -196,25 +195,11 @@ def geometry_key(config: dict) -> str:
 
 def geometry_of(path: str) -> VAEGeometry:
     """The measured geometry of the VAE at `path`, from the cache when measured before."""
+    from training.measure_cache import cached
+
     config = read_vae_config(path)
-    key = geometry_key(config)
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "taehv" / "vae_geometry.json"
-    try:
-        cached = json.loads(cache.read_text())
-    except (OSError, ValueError):
-        cached = {}
-    if key in cached:
-        return VAEGeometry.from_json_dict(cached[key])
-    geometry = measure_geometry(config)
-    cached[key] = geometry.to_json_dict()
-    try:  # a write another process does at the same time is just as good
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        temporary = cache.with_name(f".{cache.name}.{os.getpid()}")
-        temporary.write_text(json.dumps(cached, indent=1))
-        temporary.replace(cache)
-    except OSError:
-        pass
-    return geometry
+    return VAEGeometry.from_json_dict(cached("vae_geometry", geometry_key(config),
+                                             lambda: measure_geometry(config).to_json_dict()))
 
 
 def build_vae(config: dict):
@@ -267,9 +252,9 @@ def measure_geometry(config: dict) -> VAEGeometry:
 
     def encode(frames: int):
         pixels = torch.rand(1, 3, frames, SIDE, SIDE, generator=generator) * 2 - 1
-        return latent_of(vae.encode(pixels).latent_dist)
+        return vae.encode(pixels).latent_dist
 
-    needs_tiling, rows, shape, frames_first, deterministic = False, [], None, False, False
+    needs_tiling, rows, shape, frames_first, deterministic = False, [], (), False, False
     with torch.no_grad():
         for attempt in ("plain", "tiled"):
             if attempt == "tiled":
@@ -279,15 +264,14 @@ def measure_geometry(config: dict) -> VAEGeometry:
                 needs_tiling = True
             for frames in MEASURED_FRAMES:
                 try:
-                    latents = encode(frames)
+                    distribution = encode(frames)
+                    latents = latent_of(distribution)
                 except Exception:  # a count the class does not take; a failed call may leave caches behind
                     vae = build_vae(config)
                     if needs_tiling:
                         vae.enable_tiling()
                     continue
-                if shape is None:
-                    shape = tuple(latents.shape)
-                    deterministic = not hasattr(vae.encode(torch.zeros(1, 3, frames, SIDE, SIDE)).latent_dist, "logvar")
+                shape, deterministic = tuple(latents.shape), not hasattr(distribution, "logvar")
                 try:
                     output = vae.decode(latents)
                     sample = getattr(output, "sample", output)

@@ -441,8 +441,8 @@ def resolve_reference(c: TrainConfig) -> None:
         c.reference_geometry = geometry.to_json_dict() if geometry else {}
     geometry = measured_geometry(c)
     if c.model_variant != "auto":
-        c.student_args = VARIANTS[c.model_variant].to_json_dict()
         args = VARIANTS[c.model_variant]
+        c.student_args = args.to_json_dict()
         if geometry is not None and ((args.latent_channels, args.spatial_downscale) != (geometry.latent_channels, geometry.spatial_factor)
                                      or not any(args.latent_frame_count(n) >= 2 for n in vae_geometry.agreeing_counts(geometry, args))):
             raise ConfigError(f"model_variant={c.model_variant} ({args.latent_channels} latent channels, {args.spatial_downscale}x "

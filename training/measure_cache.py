@@ -14,11 +14,16 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 def cached_measurement(name: str, config, keys: tuple[str, ...], code: tuple[str, ...], measure):
     """measure() (JSON-able), or what it returned before for the same key values and code."""
-    from training.prepare_once import unique_temporary
-
     digest = hashlib.sha1(b"".join((REPO_ROOT / file).read_bytes() for file in code)).hexdigest()[:12]
     key = json.dumps([digest] + [bool(config.latent_cache) if k == "latent_cache" else getattr(config, k) for k in keys],
                      sort_keys=True)
+    return cached(name, key, measure)
+
+
+def cached(name: str, key: str, measure):
+    """measure() (JSON-able), or what it returned before under `key` in ~/.cache/taehv/<name>.json."""
+    from training.prepare_once import unique_temporary
+
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "taehv" / f"{name}.json"
     try:
         known = json.loads(cache.read_text())
