@@ -38,8 +38,8 @@ import torch
 import torch.nn as nn
 
 # plain data, importable without torch (the launcher's config check reads them there)
-from models.reference_families import (FAMILIES, FAMILY_CLASSES, IMAGENET_MEAN, IMAGENET_STD, resolve_latent_space,
-                                       valid_frame_counts)
+from models.reference_families import (FAMILIES, FAMILY_CLASSES, IMAGENET_MEAN, IMAGENET_STD, is_valid_frame_count,
+                                       resolve_latent_space)
 from models import vae_geometry
 from models.vae_geometry import VAEGeometry, decoded_frames, latent_of
 from models.variants import VARIANTS, TAEHVArgs
@@ -91,6 +91,11 @@ class ReferenceVAE(nn.Module):
         self.vae = vae.eval().requires_grad_(False)
         self.family = family
         self.geometry = geometry
+        # a measured VAE's frame rule, worked out once: (m, r, the smallest count) of counts m*k + r
+        self._measured_rule = None
+        if geometry is not None:
+            student = vae_geometry.student_for(geometry)[0]
+            self._measured_rule = (*vae_geometry.frame_rule(geometry, student), vae_geometry.agreeing_counts(geometry, student)[0])
         self.sample_latents = sample_latents
         self.latent_space = (vae_geometry.resolve_latent_space(geometry, latent_space) if geometry is not None
                              else resolve_latent_space(family, latent_space))
@@ -119,13 +124,17 @@ class ReferenceVAE(nn.Module):
         logvar = distribution.logvar if hasattr(distribution, "logvar") else torch.full_like(distribution.mode(), -60.0)
         return mean, self._checked(logvar) + 2 * self.scale.abs().log()
 
+    def takes_frame_count(self, n_frames: int) -> bool:
+        if self._measured_rule is None:
+            return is_valid_frame_count(self.family, n_frames)
+        modulus, remainder, first = self._measured_rule
+        return n_frames >= first and n_frames % modulus == remainder
+
     def valid_frame_counts(self, limit: int = 50) -> list[int]:
-        if self.geometry is not None:
-            return vae_geometry.valid_frame_counts(self.geometry, limit=limit)
-        return valid_frame_counts(self.family, limit)
+        return [n for n in range(1, limit) if self.takes_frame_count(n)]
 
     def _latent_dist(self, video: torch.Tensor):
-        if video.shape[1] not in self.valid_frame_counts(max(50, video.shape[1] + 1)):
+        if not self.takes_frame_count(video.shape[1]):
             raise ValueError(f"{video.shape[1]} frames do not suit the {self.family} VAE: use one of "
                              f"{self.valid_frame_counts(50)}")
         x = self._to_vae_pixels(video.permute(0, 2, 1, 3, 4))  # N,C,T,H,W in the VAE's pixel convention
@@ -265,8 +274,7 @@ def student_fit_problem(reference: ReferenceVAE, student: TAEHVArgs | str) -> st
 
     if fits(student):
         return ""
-    args = student
     matching = [name for name, public in VARIANTS.items() if fits(public)]
-    return (f"model_variant={student.variant} gives {args.latent_channels} latent channels, {8 * args.patch_size}x spatial and "
-            f"{args.latent_frame_count(frames)} latent frames for {frames} frames, but this {reference.family} VAE gives "
+    return (f"model_variant={student.variant} gives {student.latent_channels} latent channels, {8 * student.patch_size}x spatial and "
+            f"{student.latent_frame_count(frames)} latent frames for {frames} frames, but this {reference.family} VAE gives "
             f"{channels}, {side // h}x and {t}: use model_variant=auto{' or ' + ' or '.join(matching) if matching else ''}")
