@@ -33,7 +33,8 @@ demo: $(STAMP)
 	$(PY) inference.py --model output/latest --held-out-of output/latest $(DEMO_EVAL) --out output/latest/evaluation
 
 # two test processes, each test file in one of them (its module fixtures built once): many tests wait
-# on launched processes, so two share 2 cores well (31 min instead of about 45 here); more need more memory
+# on launched processes, so two share 2 cores well (31-34 min measured here, where the suite took 39 min
+# serially before its last 16 tests); more need more memory
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
