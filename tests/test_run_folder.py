@@ -5,6 +5,8 @@ caps every interval. The launcher-level check (SIGTERM, then the printed continu
 tests/test_launchers.py::test_ctrl_c_checkpoints_and_the_printed_command_continues_the_same_run."""
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -125,3 +127,41 @@ def test_max_steps_is_a_quick_trial_of_the_staged_recipe_in_the_docs(tmp_path):
     mistake.write_text('base_profile = "h100"\noverrides = dict(max_steps=20)\n')
     with pytest.raises(ConfigError, match="warmup_steps=2000 exceeds max_steps=20"):
         load_config(str(mistake), [], 8, check_paths=False)
+
+
+def test_a_killed_trainings_forked_children_do_not_hold_the_run_folder(tmp_path):
+    """Data-loader workers are forked from rank 0 and outlive a SIGKILL of it by seconds: the run
+    folder must be free as soon as the rank itself is gone, or the relaunch is refused."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from training.run_folder import lock_run_folder, run_folder_holder
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import os, sys, time
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+from pathlib import Path
+from training.run_folder import lock_run_folder
+lock_run_folder(Path({str(run_dir)!r}))
+child = os.fork()
+if child == 0:  # a data worker: it keeps every descriptor its parent had
+    time.sleep(60)
+    os._exit(0)
+print(child, flush=True)
+time.sleep(60)
+"""], stdout=subprocess.PIPE, text=True)
+    child = int(holder.stdout.readline())
+    try:
+        assert run_folder_holder(run_dir).startswith(f"process {holder.pid} on ")
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=10)
+        time.sleep(0.2)
+        assert Path(f"/proc/{child}").exists()  # the worker is still there
+        assert run_folder_holder(run_dir) == ""
+        lock_run_folder(run_dir)  # the relaunch's rank 0 takes it
+    finally:
+        os.kill(child, signal.SIGKILL)

@@ -180,8 +180,8 @@ def run_folder_holder(run_dir: Path) -> str:
     try:
         with open(run_dir / LOCK) as lock:
             try:
-                fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
+                fcntl.lockf(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError:  # EAGAIN or EACCES, as the platform reports a held record lock
                 return lock.read().strip() or "another process"
     except OSError:  # no lock file: no training ever held it
         pass
@@ -190,7 +190,11 @@ def run_folder_holder(run_dir: Path) -> str:
 
 def lock_run_folder(run_dir: Path) -> None:
     """Rank 0 holds <run>/.lock while it trains (the kernel releases it when the process ends, a
-    SIGKILL included): a second training on the same folder is refused in one line."""
+    SIGKILL included): a second training on the same folder is refused in one line. A POSIX record
+    lock (lockf), not flock: an flock is shared with every forked child (data-loader workers), which
+    outlive a killed rank by seconds and would refuse the relaunch. Record locks are owned by this
+    process alone; closing any descriptor of the file in this process would release it, so the file
+    is opened here only (run_folder_holder skips a folder this process holds)."""
     import fcntl
     import socket
 
@@ -198,8 +202,8 @@ def lock_run_folder(run_dir: Path) -> None:
         return
     lock = open(run_dir / LOCK, "a+")
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
         lock.seek(0)
         holder = lock.read().strip() or "another process"
         lock.close()
