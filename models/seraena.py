@@ -27,7 +27,7 @@ DISCRIMINATOR_BLOCKS = ((64, 3, 1), (128, 4, 2), (256, 4, 2), (512, 4, 2), (512,
 class SeraenaDiscriminator(nn.Module):
     """disc(images N,c_im,H,W in [0, 1], context N,c_ctx,h,w) -> N,6,H/8,W/8 score maps."""
 
-    def __init__(self, c_im: int, c_ctx: int):
+    def __init__(self, c_im: int, c_ctx: int, weight_seed: int | None = None):
         super().__init__()
         blocks, projections, c_in = [], [], c_im + c_ctx
         for c_out, kernel, stride in DISCRIMINATOR_BLOCKS:
@@ -42,6 +42,20 @@ class SeraenaDiscriminator(nn.Module):
             c_in = c_out
         self.blocks = nn.ModuleList(blocks)
         self.proj = nn.ModuleList(projections)
+        if weight_seed is not None:
+            self.seed_weights(weight_seed)
+
+    def seed_weights(self, seed: int) -> None:
+        """The convolutions' default initialisation (kaiming-uniform, a=sqrt(5)) drawn from a local
+        generator: identical weights on every rank without reseeding a global generator (which
+        torch.manual_seed would do for every CUDA device too, after the per-rank seeding)."""
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for module in self.modules():
+                if isinstance(module, nn.Conv2d):
+                    weight = torch.empty(module.weight.shape)  # drawn on the CPU, so any device gets the same values
+                    nn.init.kaiming_uniform_(weight, a=5**0.5, generator=generator)
+                    module.weight.copy_(weight)
 
     def forward(self, images: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
         h, w = images.shape[-2:]
@@ -136,9 +150,10 @@ class Seraena(nn.Module):
         buffer_size: int = 16384,
         seed: int = 0,
         amp_dtype: torch.dtype | None = None,
+        weight_seed: int | None = None,
     ):
         super().__init__()
-        self.disc = SeraenaDiscriminator(c_im, c_ctx)
+        self.disc = SeraenaDiscriminator(c_im, c_ctx, weight_seed)
         self.optimizer = torch.optim.AdamW(self.disc.parameters(), lr=lr, betas=betas)
         self.rng = random.Random(seed)
         self.buffer = ReplayBuffer(buffer_size, self.rng)

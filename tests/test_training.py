@@ -295,6 +295,22 @@ def test_distillation_runs_with_each_reference_family(name, tiny_vae_folders, cl
     assert topology["ref_vae_latent_space"] == space
 
 
+def test_nothing_reseeds_a_global_generator_after_the_per_rank_seeding(clips, tmp_path):
+    """Each rank draws its own noise (the reference VAE's latent sample, Seraena's choices) once
+    set_seed(..., device_specific=True) ran: a later torch.manual_seed, even inside a fork_rng of
+    the CPU generator, would reseed every CUDA device alike on all ranks, which no CPU run shows.
+    Records every global seeding call in a whole run with Seraena on (tests/seeding_probe.py)."""
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "seeding_probe.py"), "--config", "test",
+                             "--output-dir", str(tmp_path / "run"), "--max-steps", "2", "--set", f"data_root={clips}",
+                             "--set", "seraena_weight=0.1"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    report = json.loads(result.stdout.rpartition("SEEDING ")[2] or "{}")
+    assert report.get("exit_code") == 0, result.stderr[-3000:]
+    assert report["per_rank_seeding_done"]
+    assert report["calls"] == []
+
+
 def test_missing_reference_vae_is_an_error_not_a_silent_fallback(clips, tmp_path):
     broken = tmp_path / "vae"  # a folder that looks right to the config check but holds no loadable VAE
     broken.mkdir()

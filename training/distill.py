@@ -86,10 +86,11 @@ class SeraenaState:
 
     def __init__(self, latent_channels: int, learning_rate: float, buffer_size: int, seed: int, rank: int,
                  device: torch.device, amp_dtype: torch.dtype | None):
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        # the weights from a local generator seeded alike on every rank; the global generators
+        # keep their per-rank state (nothing here may reseed them: that would reseed CUDA too)
+        with torch.random.fork_rng(devices=[]):  # the default initialisation's CPU draws leave no trace
             self.seraena = Seraena(9, latent_channels, lr=learning_rate, buffer_size=buffer_size,
-                                   seed=seed + rank, amp_dtype=amp_dtype)
+                                   seed=seed + rank, amp_dtype=amp_dtype, weight_seed=seed)
         if next(self.seraena.parameters()).device != torch.device(device):  # (a no-op .to() fails under fake tensors)
             self.seraena.to(device)
 
