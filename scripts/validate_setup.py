@@ -150,8 +150,10 @@ def check_data(report: Report, config) -> None:
     except (IndexFormatError, StorageUnavailable) as error:
         report.add("FAIL", "dataset", str(error))
         return
-    if len(index) == 0:
-        report.add("FAIL", "dataset", f"no video files under {root}")
+    if len(index) < 2:
+        from training.config import too_few_clips
+
+        report.add("FAIL", "dataset", too_few_clips(root, len(index)))
         return
     for i in range(min(5, len(index))):
         try:

@@ -51,6 +51,26 @@ def test_empty_data_folder_is_one_line_exit_3_and_writes_no_run_folder(tmp_path,
     assert not run_dir.exists()
 
 
+def test_a_folder_of_fewer_than_two_clips_is_named_by_the_dry_run_and_stops_the_launch(tmp_path):
+    """One clip would leave the training or the validation split empty: the dry run names the folder
+    (exit 1, as for any missing input), and the launch stops with exit 3 and the real cause,
+    writing no run folder."""
+    from scripts.make_sample_videos import make_sample_videos
+
+    clips = tmp_path / "clips"
+    make_sample_videos(clips, count=1, n_frames=12)
+    (tmp_path / "empty").mkdir()
+    for folder, line in [(tmp_path / "empty", f"no video files under {tmp_path / 'empty'}: check data_root / index_path"),
+                         (clips, f"only 1 video file under {clips}: a run needs at least 2 (one is held out for "
+                                 "validation); add clips, or check data_root / index_path")]:
+        dry = launch(["1", "test", "--dry-run", "--set", f"data_root={folder}"], tmp_path)
+        assert dry.returncode == 1 and f"  missing: {line}" in dry.stdout, dry.stdout[-2000:]
+        run_dir = tmp_path / "run"
+        result = launch(["1", "test", "--output-dir", str(run_dir), "--set", f"data_root={folder}"], tmp_path)
+        assert (result.returncode, result.stderr.strip()) == (3, f"data error: {line}")
+        assert not run_dir.exists()
+
+
 def test_resume_latest_without_a_checkpoint_is_one_line_exit_2(tmp_path):
     result = launch(["1", "test", "--output-dir", str(tmp_path / "run"), "--resume", "latest"], tmp_path)
     assert result.returncode == 2

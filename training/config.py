@@ -248,8 +248,18 @@ def profile_overrides(profile_or_path: str, notes: list[str] | None = None) -> t
         if base not in available_profiles() or base == path.stem and path.parent == PROFILE_DIR:
             raise ConfigError(f"{path}: base_profile {base!r} is not another of {', '.join(available_profiles())}")
         base_overrides, _ = profile_overrides(base)
-        overrides = {**base_overrides, **overrides}
+        overrides = users_data_root({**base_overrides, **overrides}, overrides)
     return overrides, str(path.resolve())
+
+
+def users_data_root(values: dict, layer: dict) -> dict:
+    """A data_root chosen in a layer (a config file on a base profile, or --set) is the user's:
+    the base profile's sample clips are never made into it, nor swapped for a folder of synthetic
+    ones, unless that layer asks for sample_data itself. A misspelt folder is then an error, not a
+    new folder of demo clips."""
+    if "data_root" in layer and "sample_data" not in layer:
+        values["sample_data"] = ""
+    return values
 
 
 def _closest(key: str) -> str:
@@ -356,7 +366,7 @@ def launch_values(profile_or_path: str, overrides: list[str] | None = None) -> t
     for stage in range(1, len(values.get("stages", ())) + 1):  # every stage's keys, before stage 1 starts
         stage_overrides(values["stages"], stage, source)
     values.update(stage_overrides(values.get("stages", ()), set_values.get("stage", values.get("stage", 0)), source))
-    values.update(set_values)
+    users_data_root(values, set_values).update(set_values)
     if "ref_vae_path" in values and "ref_vae_family" not in values and _names_a_class(values["ref_vae_path"]):
         values["ref_vae_family"] = "auto"  # a VAE of one's own: read what it is (a folder without one: the check names it)
     return values, set_values, source
@@ -714,6 +724,31 @@ def input_problems(c: TrainConfig) -> list[str]:
     return problems
 
 
+def data_root_problem(c: TrainConfig) -> str:
+    """'' or one line when a local data_root folder holds fewer than the 2 clips a run needs (one is
+    held out for validation). The walk stops at the second clip, so a large folder costs little. The
+    dry run and scripts/validate_setup.py name it; a launch stops on it with exit 3 (a data error)."""
+    from training.dataset import PREPARED_MARKER, VIDEO_EXTENSIONS
+    from training.storage import is_remote
+
+    root = Path(c.data_root)
+    if c.sample_data or c.index_path or is_remote(c.data_root) or not root.is_dir() or (root / PREPARED_MARKER).is_file():
+        return ""
+    found = 0
+    for folder, _, files in os.walk(root):
+        found += sum(Path(name).suffix.lower() in VIDEO_EXTENSIONS for name in files)
+        if found >= 2:
+            return ""
+    return too_few_clips(c.data_root, found)
+
+
+def too_few_clips(data_root: str, found: int) -> str:
+    if found == 0:
+        return f"no video files under {data_root}: check data_root / index_path"
+    return (f"only 1 video file under {data_root}: a run needs at least 2 (one is held out for validation); "
+            "add clips, or check data_root / index_path")
+
+
 def check_required_paths(c: TrainConfig) -> None:
     """The first input problem as a one-line ConfigError, with the count of the others."""
     problems = input_problems(c)
@@ -898,7 +933,7 @@ def main(argv: list[str] | None = None) -> int:
             for line in budget:
                 print(f"  {line}")
         print("inputs:")
-        problems = input_problems(config)
+        problems = input_problems(config) + [problem for problem in [data_root_problem(config)] if problem]
         for problem in problems:
             print(f"  missing: {problem}")
         if not problems:

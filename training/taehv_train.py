@@ -77,9 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         launch = load_run_config(args)
         config, run_dir, resume_from = launch.config, launch.run_dir, launch.resume_from
         check_run_folder(config, resume_from, resuming=bool(args.resume))
+        choose_sample_data(config)  # before resolved_config.json is written: it records the folder trained on
     except ConfigError as error:
         return fail(2, error_line(error))
-    choose_sample_data(config)  # before resolved_config.json is written: it records the folder trained on
 
     from accelerate.utils import set_seed
 
