@@ -28,7 +28,7 @@ Options:
   -h, --help             this text
 
 Environment (defaults in brackets): PYTHON [.venv/bin/python if present, else python3],
-MASTER_ADDR [127.0.0.1], MASTER_PORT [29500], NUM_MACHINES [1], MACHINE_RANK [0];
+MASTER_ADDR [127.0.0.1; required with NUM_MACHINES > 1], MASTER_PORT [29500], NUM_MACHINES [1], MACHINE_RANK [0];
 every NCCL_*/CUDA/allocator variable set below keeps the caller's value when already set.
 EOF
 }
@@ -69,6 +69,9 @@ done
 
 NUM_MACHINES="${NUM_MACHINES:-1}"
 MACHINE_RANK="${MACHINE_RANK:-0}"
+[[ "$NUM_MACHINES" =~ ^[1-9][0-9]*$ ]] || die "NUM_MACHINES='$NUM_MACHINES' must be a positive integer (machines in the job)"
+# several machines meet at machine 0's address: the loopback default would leave them waiting until the timeout
+(( NUM_MACHINES == 1 )) || [[ -n "${MASTER_ADDR:-}" ]] || die "NUM_MACHINES=$NUM_MACHINES needs MASTER_ADDR: set it to the address of machine 0 (MACHINE_RANK=0) that every machine can reach, the same on each"
 MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
 MASTER_PORT="${MASTER_PORT:-29500}"
 TOTAL_PROCESSES=$((NGPU * NUM_MACHINES))

@@ -179,3 +179,15 @@ def test_a_data_root_the_user_names_gets_no_sample_clips(tmp_path):
     custom = tmp_path / "mine.py"
     custom.write_text(f'base_profile = "cpu"\noverrides = dict(data_root={str(tmp_path)!r})\n')
     assert load_config(str(custom), []).sample_data == ""
+
+
+def test_the_storage_retry_window_stays_inside_the_step_timeout():
+    """A rank waiting on object storage reaches the step's agreement only when its retries end: with
+    a window as long as step_timeout_s, the others would stop the job as if it were dead."""
+    remote = ["data_root=s3://clips/videos"]
+    config = load_config("test", remote, check_paths=False)  # the defaults
+    assert config.storage_retry_s * 2 <= config.step_timeout_s
+    with pytest.raises(ConfigError, match=r"storage_retry_s=600 must be at most half of step_timeout_s=600"):
+        load_config("test", remote + ["storage_retry_s=600"], check_paths=False)
+    assert load_config("test", remote + ["storage_retry_s=600", "step_timeout_s=1200"], check_paths=False).storage_retry_s == 600
+    assert load_config("test", ["storage_retry_s=600"], check_paths=False).storage_retry_s == 600  # a local folder: no store

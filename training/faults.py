@@ -288,11 +288,13 @@ def step_out_of_memory(run: TrainingRun, phase: str, reducing: bool, backward_ra
 
 
 def is_peer_gone(error: BaseException) -> bool:
-    """A collective that broke because another rank left (it stopped with its own message, or died)."""
+    """A collective that broke because another rank left (it stopped with its own message, or died):
+    gloo's transport messages, and NCCL's as torch's DistBackendError carries them (the remote-error
+    code, or an internal error whose last error is the socket the peer closed)."""
     text = str(error)
     return isinstance(error, RuntimeError) and any(marker in text for marker in (
-        "Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted",
-        "remote process exited", "ncclRemoteError"))
+        "Connection closed by peer", "Connection closed by remote peer", "Connection reset by peer", "Broken pipe",
+        "NCCL communicator was aborted", "remote process exited", "remote process exiting prematurely", "ncclRemoteError"))
 
 
 def die_with_launcher() -> None:
