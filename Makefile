@@ -39,13 +39,19 @@ TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
-# gpu-check runs in the Python a GPU machine was set up with, when there is one: PY=... given on the
-# command line, else the active conda env (environment.yml); building .venv there would install a
-# second torch, possibly not the CUDA build. Otherwise it sets up .venv like demo and test.
+# gpu-check runs in the Python a GPU machine was set up with: PY=... given on the command line, else
+# the project's conda env (GPU_ENV, environment.yml's name) when it is the active one; building .venv
+# there would install a second torch. Any other active conda env (an auto-activated base without
+# torch, say) is not used: gpu-check names it in one line, then sets up and uses .venv like demo and test.
+GPU_ENV ?= taehv
 ifeq ($(origin PY),command line)
 GPU_CHECK_PY := $(PY)
-else ifneq ($(CONDA_PREFIX),)
+else ifneq ($(filter $(GPU_ENV),$(CONDA_DEFAULT_ENV) $(notdir $(CONDA_PREFIX))),)
 GPU_CHECK_PY := $(CONDA_PREFIX)/bin/python
+else ifneq ($(CONDA_PREFIX),)
+ifneq ($(filter gpu-check,$(MAKECMDGOALS)),)
+$(info gpu-check: the active conda env $(CONDA_PREFIX) is not the project's ($(GPU_ENV)), so .venv is used; `conda activate $(GPU_ENV)` or PY=/path/to/python checks another)
+endif
 endif
 
 gpu-check: $(if $(GPU_CHECK_PY),,$(STAMP))

@@ -174,7 +174,7 @@ class ReferenceVAE(nn.Module):
 
 def load_reference_vae(family: str, path_or_id: str, device: torch.device, sample_latents: bool = True,
                        tiling: bool = False, dtype: torch.dtype | None = None, latent_space: str = "auto",
-                       geometry: VAEGeometry | None = None) -> ReferenceVAE:
+                       geometry: VAEGeometry | None = None, xformers: bool = False) -> ReferenceVAE:
     """From a local folder (a diffusers pipeline folder with vae/, or a VAE folder itself) or a hub
     id (subfolder vae). bf16 on GPU, fp32 on CPU unless `dtype` says otherwise. Any failure is an
     error that names the path: training never switches to another loss on its own. A measured
@@ -194,13 +194,12 @@ def load_reference_vae(family: str, path_or_id: str, device: torch.device, sampl
     vae.to(device)
     if tiling and hasattr(vae, "enable_tiling"):
         vae.enable_tiling()
-    if device.type == "cuda":
+    if xformers:  # asked for (ref_vae_xformers): PyTorch's SDPA is the default until a GPU measures a gain
         try:
-            import xformers  # noqa: F401
-
             vae.enable_xformers_memory_efficient_attention()
-        except Exception:  # optional speed-up only; the plain attention path is correct
-            pass
+        except Exception as error:
+            raise RuntimeError(f"ref_vae_xformers=true but xformers attention cannot be used ({error}): "
+                               "pip install -r requirements-gpu-extras.txt on a GPU machine, or set ref_vae_xformers=false") from None
     return ReferenceVAE(vae, family, sample_latents, latent_space, geometry)
 
 

@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.out / "cache.json").is_file():
             (args.out / "cache.json").write_text(json.dumps(meta, indent=2) + "\n")
     reference = load_reference_vae(config.reference_family, config.ref_vae_path, accelerator.device, tiling=config.ref_vae_tiling,
-                                   latent_space=config.ref_vae_latent_space, geometry=measured_geometry(config))
+                                   latent_space=config.ref_vae_latent_space, geometry=measured_geometry(config),
+                                   xformers=config.ref_vae_xformers)
     batch_size = args.batch_size or config.batch_size_per_gpu
     started, written, reused = time.perf_counter(), 0, 0
     for split in SPLITS:

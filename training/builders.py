@@ -123,7 +123,8 @@ def build_reference_vae(config: TrainConfig, device):
 
     reference = load_reference_vae(config.reference_family, config.ref_vae_path, device,
                                    sample_latents=config.ref_vae_sample_latents, tiling=config.ref_vae_tiling,
-                                   latent_space=config.ref_vae_latent_space, geometry=measured_geometry(config))
+                                   latent_space=config.ref_vae_latent_space, geometry=measured_geometry(config),
+                                   xformers=config.ref_vae_xformers)
     problem = student_fit_problem(reference, student_of(config))  # before any training work
     if problem:
         raise RuntimeError(problem)

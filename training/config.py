@@ -89,6 +89,9 @@ class TrainConfig:
     ref_vae_path: str = option("pretrained/CogVideoX-2b", "local diffusers folder, or hub id already in the Hugging Face cache (subfolder vae)")
     ref_vae_sample_latents: bool = option(True, "use latent_dist.sample() (True) or its mean (False)")
     ref_vae_tiling: bool = option(False, "enable the reference VAE's tiled encode (saves memory, slower)")
+    ref_vae_xformers: bool = option(False, "the reference VAE's attention through xformers (pip install -r "
+                                    "requirements-gpu-extras.txt); false: PyTorch's SDPA. Turn on only where a GPU "
+                                    "measurement shows a gain")
     latent_space_check: bool = option(True, "before fine-tuning pretrained_model_path, refuse when its encoder clearly "
                                       "speaks another latent space than ref_vae_latent_space (training/latent_space_check.py)")
     ref_vae_latent_space: str = option("auto", "latent space the student learns: auto = the space of the family's public "
