@@ -10,7 +10,7 @@ usage() {
   cat <<'EOF'
 Usage: train_taehv_h100.sh NGPU PROFILE [CONFIG_PATH] [options]
 
-  NGPU      processes on this machine (GPUs, or CPU processes for cpu/test)
+  NGPU      processes on this machine (GPUs, or CPU processes for cpu/test where torch sees no CUDA device)
   PROFILE   1gpu_h100 | h100 (8, 16 or 64: picks the module from NGPU x nodes) | a800 | cpu | test
             | custom CONFIG_PATH (a .py file with `overrides = dict(...)`)
 
@@ -90,9 +90,6 @@ case "$PROFILE" in
   custom) CONFIG="$CONFIG_PATH" ;;
   *) die "unknown profile '$PROFILE': use 1gpu_h100, h100, a800, cpu, test or custom CONFIG_PATH" ;;
 esac
-CPU_PROFILE=0
-[[ "$PROFILE" == "cpu" || "$PROFILE" == "test" ]] && CPU_PROFILE=1
-
 [[ -n "$MAX_STEPS" ]] && SETS+=("max_steps=$MAX_STEPS")
 SET_ARGS=(); for item in "${SETS[@]+"${SETS[@]}"}"; do SET_ARGS+=(--set "$item"); done
 
@@ -101,14 +98,21 @@ SET_ARGS=(); for item in "${SETS[@]+"${SETS[@]}"}"; do SET_ARGS+=(--set "$item")
 # The run folder (--output-dir; else the config's output_dir; else the run being resumed; else a new
 # output/<timestamp>) and, when resuming a recorded run, that run's own settings (training/run_folder.py).
 SHELL_ARGS=(); (( DRY_RUN )) && SHELL_ARGS=(--no-check-paths)
-(( CPU_PROFILE )) && SHELL_ARGS+=(--cpu-profile)  # no torch import in this step
 [[ "$MACHINE_RANK" == "0" ]] && SHELL_ARGS+=(--refuse-busy-run-folder)  # another training holds the run folder
-RUN_ARGS=(--num-processes "$TOTAL_PROCESSES" --output-dir "$OUTPUT_DIR" --resume "$RESUME" "${SET_ARGS[@]+"${SET_ARGS[@]}"}")
+RUN_ARGS=(--num-processes "$TOTAL_PROCESSES" --processes-per-node "$NGPU" --output-dir "$OUTPUT_DIR" --resume "$RESUME" "${SET_ARGS[@]+"${SET_ARGS[@]}"}")
 RESOLVED="$("$PYTHON" -m training.config "$CONFIG" "${RUN_ARGS[@]}" "${SHELL_ARGS[@]+"${SHELL_ARGS[@]}"}" --shell)" || exit 2
 eval "$RESOLVED"
 OUTPUT_DIR="$RUN_DIR"
-# a custom config on a CPU accelerate file (base_profile "cpu" or "test") runs as a CPU profile
-[[ "$(basename "$ACCELERATE_CONFIG_FILE")" == *_cpu.yaml ]] && CPU_PROFILE=1
+# A CPU accelerate file (*_cpu.yaml: the cpu and test profiles) is a CPU run wherever it runs: on a
+# GPU machine its processes get no GPU (CUDA_VISIBLE_DEVICES="" below), so make test gives the same
+# results there as on a laptop. The cpu and test profiles with another file (test with
+# deepspeed_1gpu.yaml, as make gpu-check launches it) are a GPU run where torch sees a CUDA device
+# (GPU environment, NGPU against the visible GPUs, the memory budget, no C++ compiler for
+# DeepSpeed's CPU op) and a CPU run where it sees none; a GPU profile on a machine without CUDA
+# stays a GPU plan, refused for want of GPUs.
+CPU_FILE=0; [[ "$(basename "$ACCELERATE_CONFIG_FILE")" == *_cpu.yaml ]] && CPU_FILE=1
+CPU_MEANT=$CPU_FILE; [[ "$PROFILE" == "cpu" || "$PROFILE" == "test" ]] && CPU_MEANT=1
+CPU_RUN=0; (( CPU_FILE || (CPU_MEANT && VISIBLE_GPUS == 0) )) && CPU_RUN=1
 [[ -f "$ACCELERATE_CONFIG_FILE" ]] || die "accelerate file not found: $ACCELERATE_CONFIG_FILE"
 
 # Collectives time out later on bigger jobs: at least 30 minutes per node.
@@ -161,21 +165,28 @@ fi
 
 # GPU memory: an estimate per rank (training/memory.py) against gpu_memory_gb, before any GPU is touched.
 MEMORY_ARGS=("$CONFIG" "${RUN_ARGS[@]}" --quiet --no-check-paths --memory)
-(( CPU_PROFILE )) || MEMORY_ARGS+=(--check-gpu-budget)
-if (( ! DRY_RUN && ! CPU_PROFILE )); then
+(( CPU_RUN )) || MEMORY_ARGS+=(--check-gpu-budget)
+if (( ! DRY_RUN && ! CPU_RUN )); then
   "$PYTHON" -m training.config "${MEMORY_ARGS[@]}" >/dev/null || exit 2
 fi
 
 # ---------------------------------------------------------------- machine checks
-if (( CPU_PROFILE )); then
-  GPU_IDS="none (CPU profile)"
+if (( CPU_RUN )); then
+  GPU_IDS="none (a CPU run: torch sees no CUDA device)"
+  (( CPU_FILE && VISIBLE_GPUS > 0 )) && GPU_IDS="none (a CPU run: $(basename "$ACCELERATE_CONFIG_FILE") hides this machine's $VISIBLE_GPUS GPU(s) from it)"
 else
   (( VISIBLE_GPUS >= NGPU )) || machine_problem "asked for $NGPU GPUs but $VISIBLE_GPUS are visible (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-unset}); lower NGPU or free GPUs"
   GPU_IDS="${CUDA_VISIBLE_DEVICES:-$(seq -s, 0 $((NGPU - 1)))}"
 fi
+# /dev/shm: the data workers of the NGPU processes pass their batches through it (training/shared_memory.py);
+# too small, the first batch that does not fit would stop the run. check_shared_memory=false: a warning only.
+if [[ -n "$SHM_PROBLEM" ]]; then
+  if (( CONFIG_CHECK_SHM )); then machine_problem "$SHM_PROBLEM"
+  else echo "warning: $SHM_PROBLEM (check_shared_memory=false: launching anyway)" >&2; fi
+fi
 # DeepSpeed without a GPU builds its shared-memory op (deepspeed_shm_comm) with a C++ compiler on
 # first use; say so now rather than after a page of ninja output.
-if (( CPU_PROFILE && CONFIG_ZERO_STAGE > 0 )) && ! command -v "${CXX:-c++}" >/dev/null; then
+if (( CPU_RUN && CONFIG_ZERO_STAGE > 0 )) && ! command -v "${CXX:-c++}" >/dev/null; then
   machine_problem "accelerate_config=$(basename "$ACCELERATE_CONFIG_FILE") runs DeepSpeed on CPU, which compiles a C++ op at start, but no C++ compiler (${CXX:-c++}) was found: use the default ddp_cpu.yaml, or install g++ and ninja"
 fi
 if [[ "$MACHINE_RANK" == "0" ]]; then
@@ -193,8 +204,9 @@ fi
 # ---------------------------------------------------------------- environment (caller's values win)
 ENV_NAMES=()
 setenv() { local name="$1" value="$2"; if [[ -z "${!name+x}" ]]; then export "$name=$value"; fi; ENV_NAMES+=("$name"); }
-if (( CPU_PROFILE )); then
+if (( CPU_RUN )); then
   setenv OMP_NUM_THREADS "$(( $(nproc) / NGPU > 0 ? $(nproc) / NGPU : 1 ))"
+  if (( CPU_FILE )); then export CUDA_VISIBLE_DEVICES=""; ENV_NAMES+=(CUDA_VISIBLE_DEVICES); fi  # not the caller's: no GPU
 else
   setenv OMP_NUM_THREADS 8
   # fewer fragmentation OOMs when clip shapes or the validation batch differ from training's
@@ -249,7 +261,7 @@ if (( DRY_RUN )); then
   (( ${#MACHINE_WARNINGS[@]} )) || echo "  ok"
   # resolved config, memory estimate and every input problem, in one process (one torch import)
   REPORT_ARGS=("$CONFIG" "${RUN_ARGS[@]}" --quiet --dry-run-report)
-  (( CPU_PROFILE )) || REPORT_ARGS+=(--check-gpu-budget)
+  (( CPU_RUN )) || REPORT_ARGS+=(--check-gpu-budget)
   REPORT_STATUS=0; "$PYTHON" -m training.config "${REPORT_ARGS[@]}" 2>&1 || REPORT_STATUS=$?
   case "$REPORT_STATUS" in
     0) echo "${GREEN}dry run: nothing started${RESET}"; exit 0 ;;

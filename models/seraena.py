@@ -246,7 +246,9 @@ class Seraena(nn.Module):
             self.load_rank_state_dict(state)
 
     def load_rank_state_dict(self, state: dict) -> None:
-        self.buffer.load_state_dict(state["buffer"])
+        """A state without "buffer" (written with the buffer left out) keeps the current one."""
+        if "buffer" in state:
+            self.buffer.load_state_dict(state["buffer"])
         self.rng.setstate(state["rng"])
 
 

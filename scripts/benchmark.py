@@ -6,8 +6,9 @@
 1. Phases, in one process with the real parts (student, a reference VAE of the real diffusers
    class built from a small config with random weights, Seraena, AdamW): reference VAE, student
    forward, Seraena, backward, optimizer. Medians over --steps after 3 warm-up steps.
-2. Student FLOPs per step (torch.utils.flop_counter, forward + backward) and achieved FLOP/s of
-   this fp32 toy-shape step; MFU comes from --profile (the training dtype and shape), not here.
+2. Student FLOPs per step (training/step_flops.count_flops, forward + backward) and achieved FLOP/s
+   of this fp32 toy-shape step; on a CPU also `mfu_vs_measured_peak`, against this CPU's fastest
+   fp32 kernel (measured_peak_flops); a GPU's MFU comes from --profile (training dtype and shape).
 3. Variants of the bare step: channels_last, bf16 autocast, and torch.compile with --compile.
 3b. A distillation step with latents in memory, from a real latent cache (written here by
    scripts/cache_latents.py over the sample clips) and from the reference VAE on the fly:
@@ -29,7 +30,8 @@ FLOPs per part (training/step_flops.py: student, LPIPS, Seraena, reference VAE) 
 student alone; the timed step runs the loop's own forward_losses/add_seraena_term, backward and
 AdamW in the training dtype, with the reference VAE's published architecture (random weights) in
 bf16 on the fly, or without it (`--latents cached`, as with a latent cache). MFU is given against
-the device's spec dense bf16 peak (SPEC_PEAK_FLOPS) and against the measured matmul peak, each
+the device's spec dense bf16 peak (SPEC_PEAK_FLOPS) and against the measured peak (the faster of a
+large matmul and a large convolution in the step's dtype, measured before and after the step), each
 labelled; the headline is clips/s per GPU. Strategy comparisons (DDP vs ZeRO) need 2+ GPUs and
 are skipped with that reason otherwise.
 """
@@ -64,18 +66,49 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measured_peak_flops(device: torch.device) -> float:
-    """Best of a few large matmuls: bf16 on GPU, fp32 on CPU."""
-    dtype, n = (torch.bfloat16, 8192) if device.type == "cuda" else (torch.float32, 1024)
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+def best_seconds(device: torch.device, fn, repeats: int) -> float:
+    fn()  # warm-up: first-call setup, thread pool, cuDNN's algorithm choice
     best = float("inf")
-    for _ in range(5):
+    for _ in range(repeats):
         synchronize(device)
         start = time.perf_counter()
-        a @ b
+        fn()
         synchronize(device)
         best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best
+    return best
+
+
+def measured_peak_flops(device: torch.device, dtypes: tuple = (), repeats: int = 7) -> tuple[float, str]:
+    """(FLOP/s, the kernel that gave it): the fastest of the two kinds of dense work a step is made
+    of, in each dtype the step runs in (default bf16 on GPU, fp32 on CPU), each counted as the step is counted
+    (training/step_flops.count_flops: a convolution without its padding) and timed as the best of
+    `repeats` after a warm-up: a large matmul (cuBLAS; MKL on CPU) and a large 3x3 convolution at
+    the student's width (cuDNN; oneDNN on CPU, whose AVX-512 kernels ran 15-30% above MKL's fp32
+    matmul on the 2-core AMD EPYC the CPU numbers come from). Call it before and after the timed
+    step and keep the larger: one sample on a shared machine can fall in someone else's burst."""
+    from training.step_flops import count_flops
+
+    cuda = device.type == "cuda"
+    n = 8192 if cuda else 2048
+    # (batch, channels, side): the student's widths (64 runs slower than 128 and 256 on oneDNN), ~5 GFLOP each on CPU
+    convolutions = ((64, 256, 128), (64, 512, 64)) if cuda else ((16, 128, 32), (16, 256, 16))
+    rates = {}
+    for dtype in dtypes or ((torch.bfloat16,) if cuda else (torch.float32,)):
+        name = str(dtype).removeprefix("torch.")
+        a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+        rates[f"{name} matmul {n}x{n}x{n}"] = 2 * n**3 / best_seconds(device, lambda: a @ b, repeats)
+        del a, b
+        for batch, channels, side in convolutions:
+            x = torch.randn(batch, channels, side, side, device=device, dtype=dtype)
+            w = torch.randn(channels, channels, 3, 3, device=device, dtype=dtype)
+            if cuda:  # the tensor-core layout the GPU profiles train in (channels_last)
+                x, w = x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last)
+            flops = count_flops(lambda: F.conv2d(x, w, padding=1))
+            rates[f"{name} 3x3 convolution, {channels} channels, {batch}x{side}x{side}"] = (
+                flops / best_seconds(device, lambda: F.conv2d(x, w, padding=1), repeats))
+            del x, w
+    label = max(rates, key=rates.get)
+    return rates[label], f"{label}: {rates[label] / 1e9:.0f} GFLOP/s"
 
 
 class PhaseTimer:
@@ -141,14 +174,17 @@ def phase_times(args, device: torch.device) -> dict:
 
 
 def student_flops(args, device: torch.device) -> float:
-    from torch.utils.flop_counter import FlopCounterMode
+    """Forward and backward of the timed student, counted as training/step_flops.py counts."""
+    from training.step_flops import count_flops
 
     student = TAEHV(args.variant).to(device).train()
     video = torch.rand(args.batch, args.frames, 3, args.height, args.width, device=device)
-    with FlopCounterMode(display=False) as counter:
+
+    def step():
         decoded = student(video)
         F.mse_loss(decoded, video[:, : decoded.shape[1]]).backward()
-    return float(counter.get_total_flops())
+
+    return count_flops(step)
 
 
 def bare_step_variants(args, device: torch.device) -> dict:
@@ -335,8 +371,12 @@ def profile_benchmark(args) -> dict:
     if args.dry_run:
         result["device"] = "none (dry run: FLOPs counted on the meta device, nothing run)"
         return result
+    # the step's dtypes: the student's, and on a CPU the reference VAE's fp32 (profile_step_time)
+    dtypes = tuple({torch.bfloat16 if config.mixed_precision == "bf16" else torch.float32,
+                    *([torch.float32] if device.type == "cpu" and config.use_ref_vae and not cached else [])})
+    peak_before = measured_peak_flops(device, dtypes)
     step_s = profile_step_time(config, device, args.steps, cached)
-    measured_peak = measured_peak_flops(device)
+    measured_peak, measured_label = max(peak_before, measured_peak_flops(device, dtypes))
     achieved = flops["total"] / step_s
     result.update({
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {os.cpu_count()} cores",
@@ -346,8 +386,9 @@ def profile_benchmark(args) -> dict:
         "achieved_flops_per_s": achieved,
         "mfu_vs_spec_peak": achieved / peak if peak else None,
         "spec_peak": peak_label,
-        "mfu_vs_measured_matmul_peak": achieved / measured_peak,
-        "measured_matmul_peak_flops_per_s": measured_peak,
+        "mfu_vs_measured_peak": achieved / measured_peak,
+        "measured_peak_flops_per_s": measured_peak,
+        "measured_peak_kernel": measured_label,
         "strategies": (("skipped: " if torch.cuda.device_count() < 2 else "not run here: ")
                        + f"DDP vs ZeRO comparisons need 2+ GPUs ({torch.cuda.device_count()} visible); "
                        "run ./train_taehv_h100.sh 8 h100 --set accelerate_config=ddp_gpu_bf16.yaml and compare "
@@ -439,9 +480,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--dry-run needs --profile")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
+    peak_before = measured_peak_flops(device, (torch.float32,))
     phases, reference_frames = phase_times(args, device)
     flops = student_flops(args, device)
-    peak = measured_peak_flops(device)
+    peak, peak_label = max(peak_before, measured_peak_flops(device, (torch.float32,)))
     achieved = flops / (phases["student_forward"] + phases["backward"])
     result = {
         "command": " ".join([sys.executable, "-m", "scripts.benchmark", *(argv if argv is not None else sys.argv[1:])]),
@@ -455,9 +497,11 @@ def main(argv: list[str] | None = None) -> int:
         "student_flops_per_step": flops,
         "achieved_flops_per_s": achieved,
         "measured_peak_flops_per_s": peak,
-        # this mode times an fp32 student at a toy shape: no MFU against a bf16 peak (use --profile)
+        "measured_peak_kernel": peak_label,
+        # this mode times an fp32 student at a toy shape: no MFU against a GPU's bf16 peak (use --profile);
+        # on a CPU, the fp32 step against the fastest fp32 kernel of this CPU (measured_peak_flops)
         "mfu": None,
-        "mfu_vs_cpu_matmul_peak": achieved / peak if device.type == "cpu" else None,
+        "mfu_vs_measured_peak": achieved / peak if device.type == "cpu" else None,
         "bare_step_variants_s": bare_step_variants(args, device),
     }
     if not args.data_root.is_dir():

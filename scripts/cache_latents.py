@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             (args.out / "cache.json").write_text(json.dumps(meta, indent=2) + "\n")
     reference = load_reference_vae(config.reference_family, config.ref_vae_path, accelerator.device, tiling=config.ref_vae_tiling,
                                    latent_space=config.ref_vae_latent_space, geometry=measured_geometry(config),
-                                   xformers=config.ref_vae_xformers)
+                                   xformers=config.ref_vae_xformers, channels_last=config.ref_vae_channels_last)
     batch_size = args.batch_size or config.batch_size_per_gpu
     started, written, reused = time.perf_counter(), 0, 0
     for split in SPLITS:

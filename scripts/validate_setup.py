@@ -191,6 +191,31 @@ def check_disk(report: Report, config) -> None:
     report.add("PASS" if free_gb >= MIN_FREE_DISK_GB else "WARN", "free disk", f"{free_gb:.0f} GB at {probe} (want >= {MIN_FREE_DISK_GB})")
 
 
+def config_without_path_checks(profile: str, ngpu: int, overrides: list[str]):
+    """The config when only its paths fail (the config row says which), else None."""
+    from training.config import ConfigError, load_config
+
+    try:
+        return load_config(profile, overrides, num_processes=ngpu, check_paths=False)
+    except ConfigError:
+        return None
+
+
+def check_shared_memory(report: Report, config, processes_per_node: int) -> None:
+    """/dev/shm against what the data loaders of this node's processes hold in it (training/shared_memory.py)."""
+    from training.shared_memory import need_text, shared_memory_problem, shm_space, space_text
+
+    if config.num_workers == 0:
+        report.add("PASS", "shared memory", "num_workers=0: the data loader uses none")
+        return
+    problem = shared_memory_problem(config, processes_per_node)
+    if problem:
+        report.add("FAIL" if config.check_shared_memory else "WARN", "shared memory", problem)
+        return
+    report.add("PASS", "shared memory", f"the data loaders of this node need {need_text(config, processes_per_node)}; "
+               f"{space_text(shm_space())}")
+
+
 def check_network(report: Report) -> None:
     address = os.environ.get("MASTER_ADDR", "127.0.0.1")
     port = int(os.environ.get("MASTER_PORT", "29500"))
@@ -231,6 +256,10 @@ def main() -> int:
         check_data(report, config)
         check_weights(report, config)
         check_disk(report, config)
+    # the machine's /dev/shm matters even while the inputs are missing (a cluster being prepared)
+    config = config or config_without_path_checks(profile, ngpu, args.overrides)
+    if config is not None:
+        check_shared_memory(report, config, ngpu)
     check_network(report)
     return report.print()
 

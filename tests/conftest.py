@@ -15,6 +15,14 @@ REFERENCE = SHARED / "reference"
 SAMPLE_VIDEOS = SHARED / "data" / "videos"
 
 
+def pytest_configure(config):
+    """`make test` gives the same result on a laptop and on a GPU machine: outside `pytest -m gpu`
+    no test process, and no training it launches, sees a GPU (TF32, cuDNN autotuning and NCCL would
+    change exact comparisons and messages). CUDA reads this when it first initialises."""
+    if "gpu" not in (config.option.markexpr or ""):
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
 # DeepSpeed without a GPU compiles its shared-memory op with the C++ compiler torch uses (CXX or c++).
 needs_compiler = pytest.mark.skipif(
     shutil.which(os.environ.get("CXX", "c++")) is None,

@@ -19,7 +19,7 @@ LAUNCHER = str(REPO_ROOT / "train_taehv_h100.sh")
 # the memory check's run on the test profile (autoencoder mode: n_frames a multiple of 4); a CPU test
 # (tests/test_memory.py) loads it, so a config this file needs cannot be refused only on a GPU machine
 MEMORY_CHECK_SETS = ["accelerate_config=deepspeed_1gpu.yaml", "height=256", "width=256", "n_frames=8", "model_variant=taecvx",
-                     "batch_size_per_gpu=4", "seraena_weight=0.1", "log_every=1"]
+                     "batch_size_per_gpu=4", "seraena_weight=0.1", "log_every=1", "validation_steps=3", "checkpointing_steps=3"]
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,11 @@ def test_fast_path_keys_give_the_default_losses_on_cuda(overrides):
 
 def test_memory_estimate_within_15_percent_of_the_measured_peak(clips, tmp_path):
     """The estimate per rank (training/memory.py) against the run's peak torch.cuda memory
-    (train/peak_memory_gb: max_memory_allocated, which holds no CUDA context)."""
+    (train/peak_memory_gb: max_memory_allocated over a log interval, which holds no CUDA context),
+    in the intervals after the first: the first holds cuDNN's autotuning, which tries algorithms
+    with whatever workspace is free (and skips those that do not fit, so it never runs a rank out
+    of memory). The estimate's measured parts (all but the cuDNN workspace allowance and the CUDA
+    context) are within 15% of that peak from below, and with the allowance within 15% from above."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from training.config import load_config
@@ -87,19 +91,27 @@ def test_memory_estimate_within_15_percent_of_the_measured_peak(clips, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     events = EventAccumulator(str(run_dir / "logs" / "taehv"))
     events.Reload()
-    measured = max(e.value for e in events.Scalars("train/peak_memory_gb"))
+    peaks = [e.value for e in events.Scalars("train/peak_memory_gb")]
+    assert len(peaks) >= 3, peaks  # log_every=1; validation and the checkpoint come after step 3's line
+    measured = max(peaks[1:3])
     estimate = estimate_memory(load_config("test", sets, num_processes=1, check_paths=False))
-    expected = estimate.gpu_gb - estimate.gpu["CUDA context"]
-    print(f"estimated {expected:.2f} GB, measured peak {measured:.2f} GB")
-    assert abs(measured - expected) <= 0.15 * measured, (expected, measured)
+    allowance = estimate.gpu["cuDNN workspace"]
+    measured_parts = estimate.gpu_gb - estimate.gpu["CUDA context"] - allowance
+    print(f"estimated {measured_parts:.2f} GB + {allowance:.2f} GB cuDNN allowance, measured peak {measured:.2f} GB "
+          f"(intervals {', '.join(f'{p:.2f}' for p in peaks)}): {estimate.gpu}")
+    assert measured >= 0.85 * measured_parts, (measured_parts, measured, estimate.gpu)  # nothing counted that is not there
+    assert measured <= 1.15 * (measured_parts + allowance), (measured_parts, measured, estimate.gpu)  # nothing missed
 
 
 def test_benchmark_of_the_h100_profile_reports_clips_per_second_and_mfu(tmp_path):
+    from scripts.gpu_check import benchmark_limit_s
+
     out = tmp_path / "bench.json"
     result = subprocess.run([sys.executable, "-m", "scripts.benchmark", "--profile", "h100", "--steps", "3",
                              "--latents", "cached", "--json", str(out)], cwd=REPO_ROOT, capture_output=True, text=True,
-                            timeout=600)
+                            timeout=benchmark_limit_s(3))
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert report["clips_per_s_per_gpu"] > 0 and 0 < report["mfu_vs_measured_matmul_peak"] < 1.5
+    # the step against the fastest bf16 matmul or convolution this GPU ran alone (scripts/benchmark.py)
+    assert report["clips_per_s_per_gpu"] > 0 and 0 < report["mfu_vs_measured_peak"] <= 1, report["measured_peak_kernel"]
     assert re.search(r"spec dense bf16|no spec peak", report["spec_peak"])

@@ -42,6 +42,8 @@ def production_paths(tmp_path_factory) -> list[str]:
     """Stand-ins for the files production profiles point at (dry runs check they exist)."""
     root = tmp_path_factory.mktemp("production")
     (root / "videos").mkdir()
+    for name in ("a.mp4", "b.mp4"):  # the dry run looks for at least 2 clips, never decodes them
+        (root / "videos" / name).write_bytes(b"")
     (root / "CogVideoX-2b" / "vae").mkdir(parents=True)
     (root / "CogVideoX-2b" / "vae" / "config.json").write_text("{}")  # the dry run checks the folder holds a VAE
     weights = root / "taecvx.pth"
@@ -53,7 +55,7 @@ def production_paths(tmp_path_factory) -> list[str]:
 
 
 def resolved_from_dry_run(stdout: str) -> dict:
-    return json.loads(stdout.split("resolved config:\n", 1)[1].rsplit("}", 1)[0] + "}")
+    return json.JSONDecoder().raw_decode(stdout.split("resolved config:\n", 1)[1])[0]  # the lines after it may hold braces
 
 
 @pytest.mark.parametrize(
@@ -170,6 +172,53 @@ def test_deepspeed_on_cpu_without_a_compiler_is_refused_in_one_line(tmp_path):
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert "no C++ compiler (/nonexistent/c++) was found: use the default ddp_cpu.yaml" in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def python_seeing_one_gpu(folder: Path) -> Path:
+    """A `python` for the launcher's PYTHON whose training.config.visible_gpu_count answers 1 (what
+    torch says on a 1-GPU machine): the launcher's plan for a CUDA machine, made on this one."""
+    fake = folder / "python_with_one_gpu"
+    fake.write_text(f"""#!{sys.executable}
+import runpy, sys
+sys.path.insert(0, {str(REPO_ROOT)!r})
+import training.config
+training.config.visible_gpu_count = lambda: 1
+option, *rest = sys.argv[1:]
+if option == "-m":
+    sys.argv = rest
+    runpy.run_module(rest[0], run_name="__main__", alter_sys=True)
+else:  # "-" (a script on stdin) or -c CODE
+    code = sys.stdin.read() if option == "-" else rest.pop(0)
+    sys.argv = [option, *rest]
+    exec(compile(code, option, "exec"), {{"__name__": "__main__"}})
+""")
+    fake.chmod(0o755)
+    return fake
+
+
+def test_the_plan_follows_the_device_torch_sees_not_the_profile_name(tmp_path):
+    """`test` with the 1-GPU production file, as make gpu-check launches it: where torch sees a CUDA
+    device it is a GPU run (the GPU environment, NGPU checked against the visible GPUs, the memory
+    budget, and no C++ compiler asked for: that is DeepSpeed's CPU op); where it sees none it is a
+    CPU run, which needs the compiler."""
+    args = [LAUNCHER, "1", "test", "--set", "accelerate_config=deepspeed_1gpu.yaml", "--dry-run", "--output-dir", str(tmp_path / "run")]
+    gpu = run(args, {**NO_COMPILER, "PYTHON": str(python_seeing_one_gpu(tmp_path))})
+    assert gpu.returncode == 0, gpu.stdout[-3000:] + gpu.stderr[-3000:]
+    assert "  GPUs             0\n" in gpu.stdout and "  PYTORCH_CUDA_ALLOC_CONF=" in gpu.stdout
+    assert "C++" not in gpu.stdout and "warning:" not in gpu.stdout.split("machine:\n", 1)[1].split("resolved config:", 1)[0]
+    assert " GB of 80 GB (gpu_memory_gb)" in gpu.stdout  # the budget check of a GPU run
+    # a CPU accelerate file stays a CPU run on a GPU machine: its processes see no GPU
+    cpu_file = run([LAUNCHER, "1", "test", "--dry-run", "--output-dir", str(tmp_path / "run")],
+                   {"PYTHON": str(python_seeing_one_gpu(tmp_path))})
+    assert cpu_file.returncode == 0, cpu_file.stdout[-3000:] + cpu_file.stderr[-3000:]
+    assert "  GPUs             none (a CPU run: ddp_cpu.yaml hides this machine's 1 GPU(s) from it)\n" in cpu_file.stdout
+    assert "  CUDA_VISIBLE_DEVICES=\n" in cpu_file.stdout and "PYTORCH_CUDA_ALLOC_CONF" not in cpu_file.stdout
+    if not torch.cuda.is_available():
+        cpu = run(args, NO_COMPILER)
+        assert cpu.returncode == 0, cpu.stderr[-3000:]
+        assert "  GPUs             none (a CPU run: torch sees no CUDA device)\n" in cpu.stdout
+        assert "warning: accelerate_config=deepspeed_1gpu.yaml runs DeepSpeed on CPU, which compiles a C++ op" in cpu.stdout
+        assert "PYTORCH_CUDA_ALLOC_CONF" not in cpu.stdout
 
 
 def default_sigint() -> None:

@@ -4,10 +4,15 @@ not fit refused with the fix."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
+from conftest import REPO_ROOT, free_port, needs_compiler
 from training.config import ConfigError, available_profiles, load_config
-from training.memory import HEADROOM, budget_problem, estimate_memory, measure_step
+from training.memory import GB, HEADROOM, budget_problem, estimate_memory, measure_step
 
 GPU_PROFILES = {"1gpu_h100": 1, "h100": 8, "16gpu_h100": 16, "64gpu_h100": 64, "a800": 8}
 
@@ -65,3 +70,26 @@ def test_the_configs_make_gpu_check_runs_load_on_cpu():
     config = load_config("test", MEMORY_CHECK_SETS, num_processes=1, check_paths=False)
     assert config.zero_stage == 2 and config.mixed_precision == "bf16" and config.n_frames == 8
     assert load_config("h100", [], 8, check_paths=False).batch_size_per_gpu > 0  # scripts.benchmark --profile h100
+
+
+@needs_compiler
+def test_deepspeed_exchanges_fp32_in_buckets_sized_to_the_student_and_the_estimate_counts_what_it_allocates(tmp_path):
+    """The 1-GPU production file (ZeRO-2, bf16) on CPU: build_accelerator gives DeepSpeed an fp32
+    gradient exchange (the fp32 accumulation is fed by an fp32 sum over ranks, not a bf16 one) and
+    a reduce bucket of the student's size instead of DeepSpeed's 5e8 elements; the bytes the ZeRO
+    optimizer holds in buckets during a real backward are what the memory estimate counts."""
+    result = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                             str(REPO_ROOT / "accelerate_configs" / "deepspeed_1gpu.yaml"), "--num_processes", "1",
+                             "--main_process_port", str(free_port()), str(REPO_ROOT / "tests" / "deepspeed_buckets_run.py"),
+                             str(tmp_path)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.split("RESULT ", 1)[1].splitlines()[0])
+    assert report["communication_data_type"] == "fp32" and report["engine_communication_dtype"] == "torch.float32"
+    assert report["grad_accum_dtype"] == "fp32"
+    params = report["parameters"]
+    assert report["zero_optimization"] == {"reduce_bucket_size": params + params % 2, "allgather_bucket_size": params + params % 2,
+                                           "overlap_comm": False}
+    config = load_config("test", ["accelerate_config=deepspeed_1gpu.yaml"], 1, check_paths=False)
+    assert report["bucket_bytes_during_backward"] == (params + params % 2) * 2  # one bf16 bucket (overlap_comm off)
+    assert report["bucket_bytes_after_backward"] == 0  # released at the end of each backward
+    assert estimate_memory(config).gpu["deepspeed buckets"] * GB == pytest.approx(report["bucket_bytes_during_backward"])

@@ -57,6 +57,17 @@ def test_frame_alignment_gives_equal_counts(family):
         reference.encode(torch.rand(1, 12, 3, 32, 32))
 
 
+@pytest.mark.parametrize("family", ["cogvideox", "wan", "ltx2"])
+def test_the_reference_vae_in_channels_last_3d_gives_the_same_latents(family):
+    """ref_vae_channels_last changes the layout the 3-D convolutions run in, never the latents."""
+    reference = tiny_reference(family)
+    video = torch.rand(1, 9, 3, 32, 32)
+    default = reference.encode_distribution(video)[0]
+    reference.set_channels_last()
+    assert any(p.dim() == 5 and p.is_contiguous(memory_format=torch.channels_last_3d) for p in reference.vae.parameters())
+    torch.testing.assert_close(reference.encode_distribution(video)[0], default, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("family, choice, space", [("cogvideox", "auto", "raw"), ("wan", "auto", "normalized"),
                                                    ("hunyuan", "auto", "scaled"), ("wan", "raw", "raw")])
 def test_reference_latents_are_in_the_latent_space_and_decode_inverts_it(family, choice, space):
@@ -236,6 +247,29 @@ def test_validation_reports_flicker_beside_psnr_and_lower_is_better():
     assert (run.progress.best_value, run.progress.validations_without_improvement) == (0.01, 1)
 
 
+def test_validation_in_batches_scores_every_clip_once_as_one_at_a_time(monkeypatch):
+    """validation_batch_size clips per forward: the metrics equal those of one clip at a time (an
+    odd count leaves a short last batch), with fewer forwards; the line carries its time."""
+    from training.config import load_config
+    from training.validation import validate, validation_line
+
+    torch.manual_seed(0)
+    clips = [{"video": (torch.rand(8, 3, 32, 32) * 255).to(torch.uint8)} for _ in range(5)]
+    model = TAEHV("taehv").eval()
+    forwards = []
+    monkeypatch.setattr(model, "forward", lambda video, _forward=model.forward: forwards.append(len(video)) or _forward(video))
+    results = {}
+    for size in (1, 2):
+        config = load_config("test", [f"validation_batch_size={size}", "validation_samples=5"], 1, check_paths=False)
+        run = SimpleNamespace(config=config, validation_dataset=clips, lpips=None, accelerator=SimpleNamespace(
+            process_index=0, num_processes=1, device=torch.device("cpu"), is_main_process=False))
+        forwards.clear()
+        results[size] = (validate(run, model), list(forwards))
+    assert results[1][1] == [1] * 5 and results[2][1] == [2, 2, 1]
+    assert results[2][0] == pytest.approx(results[1][0], rel=1e-5)
+    assert validation_line(4, results[2][0], 1.25).endswith(" dB | 1.2 s")
+
+
 @pytest.fixture(scope="module")
 def tiny_vae_folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("reference_vaes")
@@ -309,6 +343,22 @@ def test_nothing_reseeds_a_global_generator_after_the_per_rank_seeding(clips, tm
     assert report.get("exit_code") == 0, result.stderr[-3000:]
     assert report["per_rank_seeding_done"]
     assert report["calls"] == []
+
+
+def test_a_micro_step_reads_the_device_once(clips, tmp_path):
+    """Each read of a tensor's value on the host (.item(), .cpu(), bool(), float(), ...) stalls a
+    GPU step until every queued kernel ran: a micro-step reads only the agreement's table (its
+    non-finite checks are device flags folded into it; losses and norms are read at log intervals).
+    Counted in a whole run with Seraena on (tests/device_reads_probe.py)."""
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "device_reads_probe.py"), "--config", "test",
+                             "--output-dir", str(tmp_path / "run"), "--max-steps", "3", "--set", f"data_root={clips}",
+                             "--set", "seraena_weight=0.1"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    report = json.loads(result.stdout.rpartition("READS ")[2] or "{}")
+    assert report.get("exit_code") == 0, result.stderr[-3000:]
+    assert len(report["steps"]) == 3
+    assert all(reads == ["Tensor.tolist at agreement.py:" + reads[0].rpartition(":")[2]] for reads in report["steps"]), report["steps"]
 
 
 def test_missing_reference_vae_is_an_error_not_a_silent_fallback(clips, tmp_path):

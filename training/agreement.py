@@ -25,14 +25,22 @@ class Agreed(dict):
         return f"on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}" if ranks else ""
 
 
-def agree(accelerator, **flags: bool) -> Agreed:
+def agree(accelerator, **flags: "bool | torch.Tensor") -> Agreed:
     """Every rank passes the same flag names; returns, on every rank, which ranks raised which.
-    One all-reduce of a (processes x flags) table: each rank fills its own row."""
+    One all-reduce of a (processes x flags) table: each rank fills its own row. A flag is a Python
+    bool or a 0-dim tensor on the device (a non-finite check, say): it is copied into the table on
+    the device, so the table's one read below is the step's only wait for the GPU."""
     names = list(flags)
     table = torch.zeros(accelerator.num_processes, len(names), device=accelerator.device)
-    table[accelerator.process_index] = torch.tensor([float(bool(flags[n])) for n in names], device=accelerator.device)
+    row = table[accelerator.process_index]
+    for i, name in enumerate(names):
+        flag = flags[name]
+        if isinstance(flag, torch.Tensor):
+            row[i] = flag.to(row.dtype)  # device to device: no wait
+        elif flag:
+            row[i] = 1.0
     if accelerator.num_processes > 1:
         table = accelerator.reduce(table, reduction="sum")
-    raised = table.cpu() > 0
-    return Agreed({name: [r for r in range(table.shape[0]) if raised[r, i]] for i, name in enumerate(names)
-                   if raised[:, i].any()})
+    raised = table.tolist()  # the one read of the device per micro-step
+    return Agreed({name: [r for r, counts in enumerate(raised) if counts[i] > 0] for i, name in enumerate(names)
+                   if any(counts[i] > 0 for counts in raised)})

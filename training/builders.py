@@ -53,14 +53,48 @@ def build_accelerator(config: TrainConfig, run_dir: Path):
         # the loader is ours (see build_train_loader), so DeepSpeed learns the micro-batch here
         deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = config.batch_size_per_gpu
         deepspeed_plugin.deepspeed_config.update(deepspeed_data_types(config))
+        zero = deepspeed_plugin.deepspeed_config.setdefault("zero_optimization", {})
+        zero.update(deepspeed_zero_settings(config, student_parameter_count(config)))
     return accelerator
 
 
 def deepspeed_data_types(config: TrainConfig) -> dict:
     """bf16 engines sum each rank's gradients over the accumulation window in fp32: in bf16 (8 bits
     of mantissa) a window of many micro-steps (1gpu_h100: 32) loses the small contributions. It
-    costs one fp32 copy of this rank's gradient partition."""
-    return {"data_types": {"grad_accum_dtype": "fp32"}} if config.mixed_precision == "bf16" else {}
+    costs one fp32 copy of this rank's gradient partition. The exchange that feeds it is fp32 too
+    (communication_data_type; DeepSpeed's default is the engine's bf16): ZeRO-2 reduces every
+    micro-step's gradients across ranks, and a bf16 sum of the ranks' gradients would round each
+    micro-step's contribution to 8 bits before the fp32 accumulation sees it. DeepSpeed casts the
+    bf16 bucket to fp32 for the collective and adds the fp32 result into the fp32 partition; it
+    costs twice the bytes on the wire (4 per parameter per micro-step: 44 MB for an 11 M-parameter
+    student, next to a step of hundreds of milliseconds)."""
+    if config.mixed_precision != "bf16":
+        return {}
+    return {"data_types": {"grad_accum_dtype": "fp32"}, "communication_data_type": "fp32"}
+
+
+DEEPSPEED_DEFAULT_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed's reduce_bucket_size and allgather_bucket_size (5e8)
+
+
+def student_parameter_count(config: TrainConfig) -> int:
+    """Parameters of the student the config builds, counted on the meta device (nothing allocated)."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in TAEHV(student_of(config)).parameters())
+
+
+def deepspeed_zero_settings(config: TrainConfig, params: int) -> dict:
+    """The zero_optimization keys for a student of `params` parameters (training/memory.py counts
+    the bytes they allocate). DeepSpeed's 5e8-element buckets are sized for billion-parameter
+    models: ZeRO-1/2 allocate a reduce bucket of reduce_bucket_size elements at each backward (1 GB
+    in bf16, for an 11 M-parameter student) and ZeRO-3 keeps one for the whole run. Here it holds
+    the whole student: every gradient still fits in one bucket, so DeepSpeed still reduces once,
+    at the end of each backward, as with 5e8, but the bucket is the student's size (22 MB in bf16
+    for taecvx). allgather_bucket_size allocates nothing (the gather writes into the flat bf16
+    weights); it gets the same size so a gather without all_gather_into_tensor is one piece too.
+    overlap_comm is pinned to DeepSpeed's own default (on for ZeRO-3 only): with it, ZeRO-1/2
+    allocate a second bucket, and the memory estimate must not depend on a default changing."""
+    elements = min(DEEPSPEED_DEFAULT_BUCKET_ELEMENTS, params + params % 2)  # all-gather sizes are even (4-byte aligned)
+    return {"reduce_bucket_size": elements, "allgather_bucket_size": elements, "overlap_comm": config.zero_stage == 3}
 
 
 def check_deepspeed_batch(accelerator, config: TrainConfig) -> None:
@@ -77,6 +111,10 @@ def check_deepspeed_batch(accelerator, config: TrainConfig) -> None:
         **deepspeed_data_types(config),
     }
     wrong = {key: (ds.get(key), value) for key, value in expected.items() if ds.get(key) != value}
+    zero = ds.get("zero_optimization", {})
+    wrong.update({f"zero_optimization.{key}": (zero.get(key), value)
+                  for key, value in deepspeed_zero_settings(config, student_parameter_count(config)).items()
+                  if zero.get(key) != value})
     if wrong:
         raise RuntimeError(f"DeepSpeed config disagrees with the Python config (deepspeed, python): {wrong}; "
                            "leave these keys out of the accelerate file")
@@ -124,7 +162,7 @@ def build_reference_vae(config: TrainConfig, device):
     reference = load_reference_vae(config.reference_family, config.ref_vae_path, device,
                                    sample_latents=config.ref_vae_sample_latents, tiling=config.ref_vae_tiling,
                                    latent_space=config.ref_vae_latent_space, geometry=measured_geometry(config),
-                                   xformers=config.ref_vae_xformers)
+                                   xformers=config.ref_vae_xformers, channels_last=config.ref_vae_channels_last)
     problem = student_fit_problem(reference, student_of(config))  # before any training work
     if problem:
         raise RuntimeError(problem)

@@ -18,6 +18,7 @@ import os
 import shutil
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -132,10 +133,13 @@ def save_every_part(run: TrainingRun, temporary: Path, step: int) -> str:
             accelerator.save_state(str(temporary))
     except OSError as failure:  # accelerate's own files (DDP: the model, optimizer, random states)
         errors.append(str(failure))
+    if run.faults.slow_save_s:  # storage that takes its time, between the engine's files and ours
+        time.sleep(run.faults.slow_save_s)
     parts = [lambda: save_full_state(accelerator, run.model, run.optimizer, run.config, run.progress.micro_step, temporary),
              lambda: save_stateful_objects(run, temporary)]
-    if run.seraena is not None:  # each rank's own replay buffer and random state
-        parts.append(lambda: torch.save(run.seraena.rank_state_dict(), temporary / seraena_rank_file(accelerator.process_index)))
+    if run.seraena is not None:  # each rank's own replay buffer (unless left out) and random state
+        state = lambda: run.seraena.rank_state_dict(with_buffer=run.config.seraena_buffer_in_checkpoints)  # noqa: E731
+        parts.append(lambda: torch.save(state(), temporary / seraena_rank_file(accelerator.process_index)))
     for part in parts:
         try:
             part()
@@ -233,7 +237,10 @@ def load_seraena_rank_state(run: TrainingRun, folder: Path) -> str:
     path = folder / seraena_rank_file(run.accelerator.process_index)
     if run.seraena is None or not path.is_file():
         return ""
-    run.seraena.load_rank_state_dict(torch.load(path, weights_only=False))
+    state = torch.load(path, weights_only=False)
+    run.seraena.load_rank_state_dict(state)
+    if "buffer" not in state:
+        return "; Seraena random state per rank (the checkpoint holds no replay buffer: it refills from new fakes)"
     return "; Seraena replay buffer and random state per rank"
 
 

@@ -89,6 +89,9 @@ class TrainConfig:
     ref_vae_path: str = option("pretrained/CogVideoX-2b", "local diffusers folder, or hub id already in the Hugging Face cache (subfolder vae)")
     ref_vae_sample_latents: bool = option(True, "use latent_dist.sample() (True) or its mean (False)")
     ref_vae_tiling: bool = option(False, "enable the reference VAE's tiled encode (saves memory, slower)")
+    ref_vae_channels_last: bool = option(False, "the reference VAE's 3-D convolutions in channels_last_3d (NDHWC): "
+                                         "an LTX decode ran 1.6-1.7x faster so on an H100 (sglang PR 23200); "
+                                         "make gpu-check times this VAE's encode both ways and says which to use")
     ref_vae_xformers: bool = option(False, "the reference VAE's attention through xformers (pip install -r "
                                     "requirements-gpu-extras.txt); false: PyTorch's SDPA. Turn on only where a GPU "
                                     "measurement shows a gain")
@@ -131,6 +134,9 @@ class TrainConfig:
     prefetch_factor: int = option(2, "batches each worker prepares ahead")
     decode_threads: int = option(2, "PyAV decoder threads per data loader worker (per rank: this x num_workers)")
     persistent_workers: bool = option(True, "keep data loader workers alive across epochs")
+    check_shared_memory: bool = option(True, "refuse a launch when /dev/shm has less free space than the data loaders of "
+                                       "a node need (training/shared_memory.py); false: a warning, and a worker that runs "
+                                       "out of it still stops the run in one line")
     # --- optimisation --------------------------------------------------------------------------
     max_steps: int = option(100_000, "optimizer steps to train")
     batch_size_per_gpu: int = option(4, "clips per process per micro-step")
@@ -156,6 +162,10 @@ class TrainConfig:
     lpips_backbone_path: str = option("", "AlexNet backbone file for LPIPS; empty = torch hub cache")
     seraena_learning_rate: float = option(3e-4, "discriminator AdamW learning rate")
     seraena_buffer_size: int = option(1024, "replay buffer capacity in frame groups (CPU memory)")
+    seraena_buffer_in_checkpoints: bool = option(True, "write each rank's replay buffer (up to seraena_buffer_gb) into "
+                                                 "every checkpoint, for an exact resume; false: checkpoints are smaller "
+                                                 "(by seraena_buffer_gb x processes) and a resume starts with an empty "
+                                                 "buffer, so the discriminator sees only new fakes until it refills")
     seraena_buffer_gb: float = option(0.5, "host memory per rank the replay buffer may use: its capacity is "
                                       "seraena_buffer_size capped to fit (python -m training.config P --memory shows it)")
     # --- logging, validation, checkpoints ------------------------------------------------------
@@ -846,13 +856,16 @@ def configuration_markdown() -> str:
     return "\n".join(lines + legacy_markdown()) + "\n"
 
 
-def print_memory(config: TrainConfig, check_gpu_budget: bool, problem_stream) -> bool:
-    """The memory estimate lines; True (and the fix printed) when the GPU estimate exceeds gpu_memory_gb."""
+def print_memory(config: TrainConfig, check_gpu_budget: bool, problem_stream, processes_per_node: int | None = None) -> bool:
+    """The memory estimate lines (and the data loaders' shared memory per node against this
+    machine's /dev/shm); True (and the fix printed) when the GPU estimate exceeds gpu_memory_gb."""
     from training.memory import budget_problem, estimate_memory
+    from training.shared_memory import shared_memory_line
 
     estimate = estimate_memory(config)
     for line in estimate.lines(config.gpu_memory_gb if check_gpu_budget else None):
         print(f"  {line}")
+    print(f"  {shared_memory_line(config, processes_per_node)}")
     problem = budget_problem(config, estimate) if check_gpu_budget else ""
     if problem:
         print(f"config error: {problem}", file=problem_stream)
@@ -860,7 +873,17 @@ def print_memory(config: TrainConfig, check_gpu_budget: bool, problem_stream) ->
 
 
 def visible_gpu_count() -> int:
-    """CUDA devices this process sees (0 without a CUDA build); the launcher compares it with NGPU."""
+    """CUDA devices this process sees (0 without a CUDA build). The launcher compares it with NGPU,
+    and a launch is a CPU run only where it is 0: the training uses CUDA wherever torch sees it
+    (training/builders.py picks gloo and DeepSpeed its CPU accelerator only without it), whatever
+    the profile or accelerate file. A CPU-only torch build is read from torch/version.py, without
+    importing torch (~2 s of every CPU launch)."""
+    spec = importlib.util.find_spec("torch")
+    version = Path(next(iter(spec.submodule_search_locations or []), ""), "version.py") if spec else None
+    if version is not None and version.is_file():
+        built_for = {name: re.search(rf"^{name}(?:: [^=]+)? = (.+)$", version.read_text(), re.M) for name in ("cuda", "hip")}
+        if all(match is not None and match.group(1).strip() == "None" for match in built_for.values()):
+            return 0
     import torch
 
     try:
@@ -878,6 +901,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.config", description="Resolve and validate a training config.")
     parser.add_argument("profile", nargs="?", help="profile name or path of a .py config file")
     parser.add_argument("--num-processes", type=int)
+    parser.add_argument("--processes-per-node", type=int,
+                        help="processes on this machine (the launcher's NGPU; default --num-processes): the data "
+                             "loaders' shared memory per node is checked against /dev/shm (training/shared_memory.py)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--output-dir", default="", help="the run folder (as the launcher's --output-dir)")
     parser.add_argument("--resume", default="", help="as the launcher's --resume: a resume of a recorded run restores "
@@ -886,8 +912,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="exit 2 when a training holds the run folder (the launcher's first step on machine 0)")
     parser.add_argument("--no-check-paths", action="store_true", help="skip the existence checks of paths")
     parser.add_argument("--shell", action="store_true", help="print KEY=value lines for the launchers")
-    parser.add_argument("--cpu-profile", action="store_true",
-                        help="with --shell: a CPU run, so VISIBLE_GPUS=0 without importing torch (~2 s of every launch)")
     parser.add_argument("--list-input-problems", action="store_true",
                         help="print every missing or unreadable input with its fix (exit 1 if any) instead of the config")
     parser.add_argument("--quiet", action="store_true", help="do not repeat the notes on an old-style config file")
@@ -933,7 +957,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in model_lines(config):
             print(f"  {line}")
         print("memory (estimated per rank; training/memory.py, docs/performance.md):")
-        over_budget = print_memory(config, args.check_gpu_budget, sys.stdout)
+        over_budget = print_memory(config, args.check_gpu_budget, sys.stdout, args.processes_per_node)
         from training.decode_budget import decode_budget_lines
 
         budget = decode_budget_lines(config)
@@ -949,13 +973,15 @@ def main(argv: list[str] | None = None) -> int:
             print("  ok: every file and folder the config names is there")
         return 1 if problems else 3 if over_budget else 0
     if args.memory:
-        return 1 if print_memory(config, args.check_gpu_budget, sys.stderr) else 0
+        return 1 if print_memory(config, args.check_gpu_budget, sys.stderr, args.processes_per_node) else 0
     if args.list_input_problems:
         problems = input_problems(config)
         for problem in problems:
             print(f"  missing: {problem}")
         return 1 if problems else 0
     if args.shell:
+        from training.shared_memory import shared_memory_problem
+
         shell_values = {
             "CONFIG_SOURCE": source,
             "ACCELERATE_CONFIG_FILE": str(ACCELERATE_CONFIG_DIR / config.accelerate_config),
@@ -972,8 +998,11 @@ def main(argv: list[str] | None = None) -> int:
             "CONFIG_PRETRAINED": config.pretrained_model_path,
             "CONFIG_REF_VAE": config.ref_vae_path if config.use_ref_vae else "(autoencoder mode)",
             "CONFIG_MODEL": " | ".join(model_lines(config)),
-            "VISIBLE_GPUS": 0 if args.cpu_profile or config.accelerate_config.endswith("_cpu.yaml") else visible_gpu_count(),
+            "VISIBLE_GPUS": visible_gpu_count(),  # 0 also decides a cpu/test launch is a CPU run (the launcher)
             "CONFIG_STAGES": " ".join(f"{name}:{dict(entry)['steps']}" for name, entry in zip(stage_names(config.stages), config.stages)),
+            # /dev/shm against the data loaders of this node ('' when it fits): refused, or a warning
+            "SHM_PROBLEM": shared_memory_problem(config, args.processes_per_node),
+            "CONFIG_CHECK_SHM": int(config.check_shared_memory),
         }
         for key, value in shell_values.items():
             print(f"{key}={shlex.quote(str(value))}")

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset, Sampler
 
+from training.shared_memory import SharedMemoryFull
 from training.storage import ClipCache, ObjectStore, StorageUnavailable, is_remote
 
 VIDEO_EXTENSIONS = {".mp4", ".mkv", ".mov", ".webm", ".avi", ".m4v", ".mpg", ".mpeg", ".ts"}
@@ -538,11 +539,31 @@ class VideoClipDataset(Dataset):
         raise DataFailureError(f"all {self.max_redraws} draws for sample {index} failed: {describe_skips(skipped)}")
 
 
+def stack_in_shared_memory(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """torch.stack; in a loader worker, straight into shared memory. torch would otherwise copy the
+    batch there while pickling it in the worker queue's feeder thread, where a full /dev/shm only
+    prints a traceback and the rank waits for that batch forever. Here the failure is raised in the
+    worker's fetch and reaches the rank with the batch (SharedMemoryFull, training/faults.py)."""
+    if torch.utils.data.get_worker_info() is None:
+        return torch.stack(tensors)
+    out = torch.empty((len(tensors), *tensors[0].shape), dtype=tensors[0].dtype)
+    try:
+        out.share_memory_()
+    except RuntimeError as error:  # "unable to allocate shared memory(shm) for file </torch_...>: No space left on device"
+        if "shared memory" not in str(error):
+            raise
+        reason = str(error).rsplit(": ", 1)[-1].split(" (")[0]  # "No space left on device"
+        raise SharedMemoryFull(f"a data worker could not put its {out.nbytes / 1e6:.1f} MB batch in shared memory "
+                               f"({reason})") from None
+    return torch.stack(tensors, out=out)
+
+
 def collate_clips(items: list[dict]) -> dict:
-    batch = {"video": torch.stack([item["video"] for item in items]), "skipped": [s for item in items for s in item["skipped"]],
+    batch = {"video": stack_in_shared_memory([item["video"] for item in items]),
+             "skipped": [s for item in items for s in item["skipped"]],
              "decoded_frames": sum(item["decoded_frames"] for item in items)}
     if "latents" in items[0]:  # from a latent cache (training/latent_cache.py)
-        batch["latents"] = torch.stack([item["latents"] for item in items])
+        batch["latents"] = stack_in_shared_memory([item["latents"] for item in items])
     return batch
 
 

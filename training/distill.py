@@ -98,11 +98,10 @@ class SeraenaState:
              update_discriminator: bool = True) -> torch.Tensor:
         """Steps the discriminator (when asked: once per optimizer step of the student, so every
         profile with the same global batch plays the same game whatever its accumulation), then
-        returns MSE(decoded, corrected target) for the student."""
+        returns MSE(decoded, corrected target) for the student. The loop calls it only on a step
+        every rank agreed is finite, decode included (StepLosses.nonfinite)."""
         real_groups = group_frames(aligned(real, decoded)).float()  # under bf16 engines the input video is bf16
         fake_groups = group_frames(decoded)
-        if not torch.isfinite(fake_groups).all():  # keep the discriminator clean; the step is skipped anyway
-            return fake_groups.float().mean() * float("nan")
         context = video_context(latents.detach().float(), fake_groups.shape[0] // decoded.shape[0])
         if update_discriminator:
             self.seraena.discriminator_step(real_groups, fake_groups.detach().float(), context, reduce_gradients=all_reduce_mean)
@@ -117,8 +116,11 @@ class SeraenaState:
         self.seraena.load_state_dict(state["weights"])
         self.seraena.load_training_state_dict(state["training"])
 
-    def rank_state_dict(self) -> dict:
-        return self.seraena.rank_state_dict()
+    def rank_state_dict(self, with_buffer: bool = True) -> dict:
+        state = self.seraena.rank_state_dict()
+        if not with_buffer:
+            del state["buffer"]
+        return state
 
     def load_rank_state_dict(self, state: dict) -> None:
         self.seraena.load_rank_state_dict(state)
@@ -133,9 +135,12 @@ class StepLosses:
     logged: dict
     seraena_inputs: tuple | None = None  # (input video, decoded frames with their graph, latent context)
 
-    def finite(self) -> bool:
-        decoded_ok = self.seraena_inputs is None or bool(torch.isfinite(self.seraena_inputs[1]).all())
-        return bool(torch.isfinite(self.total)) and decoded_ok
+    def nonfinite(self) -> torch.Tensor:
+        """A 0-dim bool tensor on the device, for agree(): reading it here would wait for the GPU."""
+        bad = ~torch.isfinite(self.total)
+        if self.seraena_inputs is not None:  # the discriminator must never see a non-finite decode
+            bad = bad | ~torch.isfinite(self.seraena_inputs[1]).all()
+        return bad
 
 
 def forward_losses(config, student, video: torch.Tensor, reference_latents: torch.Tensor | None,

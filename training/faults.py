@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from training.checkpoints import complete_checkpoints, save_checkpoint
+from training.shared_memory import SharedMemoryFull, shared_memory_stop
 from training.storage import StorageUnavailable
 
 if TYPE_CHECKING:
@@ -39,7 +40,8 @@ class FaultInjection:
     TAEHV_FAULT_CUDNN_ERROR_MICRO_STEPS=3 raises cuDNN's allocation failure (a RuntimeError) inside
     the student's first convolution; TAEHV_FAULT_ENGINE_SAVE_FAIL_STEPS=2 fails DeepSpeed's first
     file write of the checkpoint of step 2, inside the engine; TAEHV_FAULT_WRITE_FAILS=history,
-    best_model,final fails rank 0's first write of each named file once (a full disk).
+    best_model,final fails rank 0's first write of each named file once (a full disk);
+    TAEHV_FAULT_SLOW_SAVE_S=N makes each checkpoint's writes take N s longer (slow storage).
     TAEHV_FAULT_RANK=R limits all of them to rank R (unset: every
     rank). TAEHV_FAULT_REAL_OOM=1 makes the forward's out-of-memory errors real ones on CUDA (an
     allocation no GPU can serve), for tests/test_gpu.py."""
@@ -56,6 +58,7 @@ class FaultInjection:
     cudnn_error_micro_steps: set[int] = field(default_factory=set)
     engine_save_fail_steps: set[int] = field(default_factory=set)
     failing_writes: set[str] = field(default_factory=set)
+    slow_save_s: float = 0.0
 
     def raise_out_of_memory(self, device: torch.device, micro_step: int) -> None:
         if self.real_oom and device.type == "cuda":
@@ -150,7 +153,8 @@ class FaultInjection:
                    numbers("TAEHV_FAULT_BACKWARD_OOM_MICRO_STEPS"), os.environ.get("TAEHV_FAULT_REAL_OOM", "") == "1",
                    os.environ.get("TAEHV_FAULT_OOM_IN_AUTOGRAD", "") == "1", numbers("TAEHV_FAULT_SERAENA_OOM_MICRO_STEPS"),
                    numbers("TAEHV_FAULT_CUDNN_ERROR_MICRO_STEPS"), numbers("TAEHV_FAULT_ENGINE_SAVE_FAIL_STEPS"),
-                   {x.strip() for x in os.environ.get("TAEHV_FAULT_WRITE_FAILS", "").split(",") if x.strip()})
+                   {x.strip() for x in os.environ.get("TAEHV_FAULT_WRITE_FAILS", "").split(",") if x.strip()},
+                   float(os.environ.get("TAEHV_FAULT_SLOW_SAVE_S", "0") or 0))
 
 
 class StopRequest:
@@ -175,6 +179,10 @@ class TrainingStopped(RuntimeError):
     """Too many bad steps in a row: a checkpoint was written and the run stops."""
 
 
+class StoppedInsideACollective(TrainingStopped):
+    """A stop that left this rank's collectives (DDP's reducer, DeepSpeed's buckets) half-way."""
+
+
 ADVICE = {
     "nonfinite": ("non-finite loss", "Lower learning_rate, check the data (python -m training.dataset ...) "
                   "or resume from an earlier checkpoint"),
@@ -191,7 +199,9 @@ def loader_batches(run: TrainingRun):
     """The loader's batches from the sampler's position to the end of the epoch. A data worker that
     dies (a decoder segfault on one bad file among millions) costs one batch, not the rank: None
     comes in its place (train_step skips it on every rank, so micro-steps stay aligned), and a new
-    loader iterator starts after it. Each death is counted as failed draws of the whole batch."""
+    loader iterator starts after it. Each death is counted as failed draws of the whole batch. A
+    worker out of shared memory (SharedMemoryFull, or killed by SIGBUS) is no bad file: the rank
+    sets run.shared_memory_full and every rank stops together (train_step)."""
     while True:
         if run.loader.num_workers > 0:
             # torch's SIGCHLD handler would raise the worker's death at whatever line the main
@@ -199,22 +209,46 @@ def loader_batches(run: TrainingRun):
             from torch.utils.data._utils import signal_handling
 
             signal_handling._SIGCHLD_handler_set = True
+        iterator = None
         try:
-            for batch in run.loader:
+            iterator = iter(run.loader)
+            for batch in iterator:
                 yield batch
             return
         except StorageUnavailable as error:  # past storage_retry_s: every rank stops together (train_step)
             # from a loader worker the message is torch's report, ending with "...StorageUnavailable: <ours>"
             run.storage_down = str(error).strip().splitlines()[-1].split("StorageUnavailable: ", 1)[-1]
             print(f"rank {run.accelerator.process_index}: {run.storage_down}", file=sys.stderr, flush=True)
+        except SharedMemoryFull as error:  # the next batches would not fit either: every rank stops together (train_step)
+            cause = str(error).strip().splitlines()[-1].split("SharedMemoryFull: ", 1)[-1]
+            run.shared_memory_full = shared_memory_stop(run.config, cause, local_processes())
         except RuntimeError as error:
             if "DataLoader worker" not in str(error):
                 raise
-            print(f"rank {run.accelerator.process_index}: {error}; its batch is skipped", file=sys.stderr, flush=True)
+            if killed_by_bus_error(iterator):  # not a bad file: a full /dev/shm ends a worker this way
+                latent_shard = ", or reading a latent cache shard truncated on disk" if run.config.latent_cache else ""
+                run.shared_memory_full = shared_memory_stop(
+                    run.config, f"a data worker was killed by SIGBUS (a bus error: how a process dies writing into a full "
+                                f"/dev/shm{latent_shard})", local_processes())
+            else:
+                print(f"rank {run.accelerator.process_index}: {error}; its batch is skipped", file=sys.stderr, flush=True)
+                run.failures.update([("worker_died", str(error))] * run.config.batch_size_per_gpu, 0)
             run.loader._iterator = None  # persistent workers: the broken iterator must not be reused
-            run.failures.update([("worker_died", str(error))] * run.config.batch_size_per_gpu, 0)
         yield None
         run.sampler.set_position(*divmod(run.progress.micro_step, run.sampler.batches_per_epoch))
+
+
+def killed_by_bus_error(iterator) -> bool:
+    """Whether a worker of this loader iterator died of SIGBUS (torch's own message then says only
+    'exited unexpectedly', since loader_batches turns its SIGCHLD handler off)."""
+    import signal
+
+    return any(worker.exitcode == -signal.SIGBUS for worker in getattr(iterator, "_workers", []))
+
+
+def local_processes() -> int | None:
+    """Processes on this node (torchrun's LOCAL_WORLD_SIZE), None outside a launch."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or None
 
 
 KIND = {"nonfinite": "non-finite", "oom": "out-of-memory", "reference": "reference-VAE-failure", "worker": "lost-batch"}
@@ -278,7 +312,7 @@ def step_out_of_memory(run: TrainingRun, phase: str, reducing: bool, backward_ra
         why = ("the other ranks are inside its collectives" if others_wait
                else "DeepSpeed keeps partial gradients and its own micro-step count" if deepspeed
                else "DDP's gradient reducer is left mid-reduction")
-        raise TrainingStopped(
+        raise StoppedInsideACollective(
             f"out of memory in the {phase} of micro-step {run.progress.micro_step} on rank {accelerator.process_index}: "
             f"{why}, so this step cannot be skipped; the job stops. {ADVICE['oom'][1]}, then --resume latest "
             f"(last checkpoint: {latest[-1].name if latest else 'none'})")

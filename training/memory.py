@@ -14,7 +14,7 @@ arithmetic on the parameter count and the accelerate file's engine:
 | part | bytes |
 |---|---|
 | weights | params x 2 (bf16) or 4 |
-| gradients | DDP: its bucket copy of the gradients, params x 4 (the gradients are in the step); ZeRO-2/3: the fp32 accumulation partition, params x 4 / processes, plus DeepSpeed's reduce and all-gather buckets (5e8 elements each, bf16) |
+| gradients | DDP: its bucket copy of the gradients, params x 4 (the gradients are in the step); ZeRO-2/3: the fp32 accumulation partition, params x 4 / processes, plus DeepSpeed's reduce bucket, sized to the student by training/builders.py (ZeRO-2: one, bf16, overlap_comm off; ZeRO-3: one, fp32; deepspeed_bucket_bytes) |
 | optimizer | fp32 master (bf16 engines) and AdamW's two moments: params x (4 + 8), / processes under ZeRO |
 | EMA | params x 4, / processes under ZeRO-1/2 (each rank averages its own partition) |
 | LPIPS | AlexNet + heads in fp32 when perceptual_weight > 0 |
@@ -48,7 +48,6 @@ GB = 1e9
 CUDA_CONTEXT_GB = 1.5
 CUDNN_WORKSPACE_GB = 1.0
 HOST_BASELINE_GB = 3.0  # python, torch, CUDA libraries, the model copies of one rank process
-DEEPSPEED_BUCKET_ELEMENTS = 5e8
 REFERENCE_VAE_PARAMS = {"cogvideox": 215.6e6, "hunyuan": 246.5e6, "wan": 126.9e6,  # Wan 2.2's layout: 704.7e6
                         "hunyuan1_5": 1260.6e6, "ltx": 419.2e6, "ltx2": 1222.5e6, "minimax_h3": 2603.9e6}
 LPIPS_PARAMS = 2.47e6 + 0.0015e6  # AlexNet features + linear heads
@@ -60,6 +59,8 @@ class MemoryEstimate:
     gpu: dict = field(default_factory=dict)  # part -> GB per rank
     host: dict = field(default_factory=dict)
     checkpoint_gb: float = 0.0
+    checkpoint_replay_gb: float = 0.0  # of which the replay buffers of every rank
+    checkpoints_kept: int = 1
     reference_encode_gb: float = 0.0  # the reference VAE's encode of one batch on the fly (measured), 0 without one
     note: str = ""
 
@@ -82,7 +83,10 @@ class MemoryEstimate:
                   if self.reference_encode_gb else f" ({self.note})" if self.note else "")
         return [f"GPU per rank:  {self.gpu_gb:.1f} GB{budget}: {parts(self.gpu)}{encode}",
                 f"host per rank: {self.host_gb:.1f} GB: {parts(self.host)}",
-                f"checkpoint:    {self.checkpoint_gb:.2f} GB per checkpoint folder"]
+                f"checkpoint:    {self.checkpoint_gb:.2f} GB per checkpoint folder, {self.checkpoint_gb * self.checkpoints_kept:.2f} GB "
+                f"for the {self.checkpoints_kept} kept (checkpoints_total_limit)"
+                + (f"; the replay buffers are {self.checkpoint_replay_gb:.2f} GB of each (seraena_buffer_in_checkpoints=false "
+                   "leaves them out: a resume refills the buffer)" if self.checkpoint_replay_gb >= 0.5 * self.checkpoint_gb > 0 else "")]
 
 
 def _training_dtype(config) -> torch.dtype:
@@ -235,7 +239,7 @@ def estimate_memory(config) -> MemoryEstimate:
         gpu["optimizer"] = params * (8 + (4 if low_precision else 0)) / GB
     else:
         gpu["gradients"] = params * 4 / processes / GB  # accumulated in fp32 (training/builders.py deepspeed_data_types)
-        gpu["deepspeed buckets"] = 2 * DEEPSPEED_BUCKET_ELEMENTS * 2 / GB
+        gpu["deepspeed buckets"] = deepspeed_bucket_bytes(config, params) / GB
         gpu["optimizer"] = params * (4 + 8) / processes / GB
         if zero == 3:
             gpu["weights"] /= processes
@@ -262,8 +266,37 @@ def estimate_memory(config) -> MemoryEstimate:
         "data in flight": max(1, config.num_workers) * config.prefetch_factor * config.batch_size_per_gpu * clip_bytes * 2 / GB,
         "process": HOST_BASELINE_GB,
     }
-    estimate.checkpoint_gb = (params * (weight_bytes + 4 + 8 + 4 + 4) + buffer * processes) / GB  # a buffer per rank
+    # a buffer per rank, unless left out of checkpoints
+    estimate.checkpoint_replay_gb = buffer * processes / GB if config.seraena_buffer_in_checkpoints else 0.0
+    estimate.checkpoint_gb = params * (weight_bytes + 4 + 8 + 4 + 4) / GB + estimate.checkpoint_replay_gb
+    estimate.checkpoints_kept = config.checkpoints_total_limit
     return estimate
+
+
+def deepspeed_bucket_bytes(config, params: int) -> int:
+    """Bytes of the gradient buckets DeepSpeed's ZeRO optimizer allocates with the zero_optimization
+    settings training/builders.py gives it (deepspeed 0.19, contiguous_gradients on, no offload):
+    - ZeRO-1/2 (stage_1_and_2.py, setup_buckets, at the first gradient of each backward, freed
+      after it): per communication dtype, one `torch.empty(reduce_bucket_size,
+      dtype=self._gradient_reduction_buffer_dtype())`, a second one when overlap_comm is on. The
+      dtype is the engine's (bf16) under ZeRO-2 and the fp32 accumulation dtype under ZeRO-1 with
+      grad_accum_dtype fp32; communication_data_type fp32 changes the collective, not the bucket.
+    - ZeRO-3 (stage3.py, at init, for the whole run): one `torch.empty(reduce_bucket_size,
+      dtype=<communication dtype>)`, fp32 here.
+    allgather_bucket_size allocates nothing (the gather writes into the flat weights)."""
+    from training.builders import deepspeed_data_types, deepspeed_zero_settings
+
+    zero = config.zero_stage
+    if zero == 0:
+        return 0
+    settings = deepspeed_zero_settings(config, params)
+    engine_bytes = 2 if config.mixed_precision in ("bf16", "fp16") else 4
+    if zero == 3:
+        communication = deepspeed_data_types(config).get("communication_data_type")
+        return settings["reduce_bucket_size"] * (4 if communication == "fp32" else engine_bytes)
+    fp32_accumulation = deepspeed_data_types(config).get("data_types", {}).get("grad_accum_dtype") == "fp32"
+    bucket_bytes = 4 if zero == 1 and fp32_accumulation else engine_bytes
+    return (2 if settings["overlap_comm"] else 1) * settings["reduce_bucket_size"] * bucket_bytes
 
 
 def replay_pair_bytes(config, patch_size: int, latent_channels: int) -> int:

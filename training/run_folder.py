@@ -30,7 +30,8 @@ from training.config import (DERIVED_KEYS, SETTABLE_KEYS, ConfigError, ResumeErr
 RESUME_MAY_CHANGE = frozenset({
     "max_steps", "log_every", "validation_steps", "validation_samples", "validation_batch_size",
     "checkpointing_steps", "checkpoints_total_limit", "early_stopping_patience",
-    "num_workers", "prefetch_factor", "decode_threads", "persistent_workers",
+    "num_workers", "prefetch_factor", "decode_threads", "persistent_workers", "check_shared_memory",
+    "seraena_buffer_in_checkpoints",
     "max_consecutive_bad_steps", "max_failed_fraction", "nccl_timeout_s", "step_timeout_s", "gpu_memory_gb",
     "gradient_checkpointing", "channels_last", "compile", "compile_backend", "cudnn_benchmark", "lpips_bf16",
     "lpips_weights_path", "lpips_backbone_path",

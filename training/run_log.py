@@ -60,11 +60,16 @@ def skip_counts(accelerator, failures) -> dict:
 
 
 def memory_gb(device) -> float:
-    """Peak memory in GB of 1e9 bytes, the unit of training/memory.py's estimate and gpu_memory_gb."""
+    """Peak memory in GB of 1e9 bytes, the unit of training/memory.py's estimate and gpu_memory_gb.
+    On CUDA, the peak allocated since the previous log line (the counter is reset here): the first
+    interval holds cuDNN's autotuning, which tries algorithms with whatever workspace is free and
+    skips those that do not fit, so later intervals show what the training itself needs."""
     import resource
 
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 1e9
+        peak = torch.cuda.max_memory_allocated(device) / 1e9
+        torch.cuda.reset_peak_memory_stats(device)
+        return peak
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # peak RSS, in kB
 
 

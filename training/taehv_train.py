@@ -35,7 +35,7 @@ from training.config import ConfigError, TrainConfig, error_line, student_of  # 
 from training.dataset import DataFailureError, FailureTracker, IndexFormatError  # noqa: E402
 from training.storage import StorageUnavailable  # noqa: E402
 from training.distill import PartitionedEMA, WeightEMA, add_seraena_term, forward_losses  # noqa: E402
-from training.faults import (TrainingStopped, die_with_launcher, drop_gradients,  # noqa: E402
+from training.faults import (StoppedInsideACollective, TrainingStopped, die_with_launcher, drop_gradients,  # noqa: E402
                              is_collective_timeout, is_memory_error, is_peer_gone, note_bad_step, set_collective_timeout,
                              loader_batches, shorten_collective_timeout, step_out_of_memory)
 from training.run_folder import Run, load_run, record_run  # noqa: E402
@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     try:  # refusals before anything is written or built: a user's run folder is never overwritten
         launch = load_run_config(args)
         config, run_dir, resume_from = launch.config, launch.run_dir, launch.resume_from
+        if config.accelerate_config.endswith("_cpu.yaml"):  # a CPU profile runs on the CPU wherever it runs,
+            os.environ["CUDA_VISIBLE_DEVICES"] = ""  # launched directly too (CUDA reads this when it starts)
         check_run_folder(config, resume_from, resuming=bool(args.resume))
         choose_sample_data(config)  # before resolved_config.json is written: it records the folder trained on
     except ConfigError as error:
@@ -134,14 +136,14 @@ def main(argv: list[str] | None = None) -> int:
     except (DataFailureError, TrainingStopped) as error:
         run.log.line(f"stopped: {error}")
         print(f"stopped on rank {accelerator.process_index}: {error}", file=sys.stderr, flush=True)
-        return 3
+        return leave_broken_collectives(3) if isinstance(error, StoppedInsideACollective) else 3
     except RuntimeError as error:
         if is_peer_gone(error):  # the rank that left printed why; this one adds no traceback
             latest = complete_checkpoints(run_dir)
             print(f"stopped on rank {accelerator.process_index}: a collective broke at step {run.progress.step + 1} because "
                   f"another rank left the job (its own message above says why); the last checkpoint is "
                   f"{latest[-1] if latest else 'none'}: --resume latest continues from it", file=sys.stderr, flush=True)
-            return 4
+            return leave_broken_collectives(4)
         if not is_collective_timeout(error):
             raise
         timeout = f"step_timeout_s={config.step_timeout_s}" if run.step_timeout_set else f"nccl_timeout_s={config.nccl_timeout_s}"
@@ -157,6 +159,15 @@ def main(argv: list[str] | None = None) -> int:
             (run_dir / "STOPPED_CLEANLY").write_text(f"checkpoint-{run.progress.step}\n")
         return 0  # preempted: the checkpoint is written; --resume latest continues
     return finish(run)
+
+
+def leave_broken_collectives(code: int) -> int:
+    """Exit now with `code`, its lines already printed: tearing down a process group or DDP reducer
+    left mid-collective can abort the process (SIGABRT from a C++ destructor), which would replace
+    the exit code and the one-line reason with a crash report."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def check_starting_latent_space(config: TrainConfig, reference_vae, validation_dataset) -> tuple[dict | None, str]:
@@ -260,12 +271,13 @@ def train(run: TrainingRun) -> None:
                 log_training(run, window, elapsed, data_wait)
                 last_log_time, data_wait, window = time.perf_counter(), 0.0, []
             if step % config.validation_steps == 0 or step == config.max_steps:
+                validation_start = time.perf_counter()
                 run.last_metrics = with_baseline(run, validate(run, evaluation_model(run)))
                 accelerator.log({f"val/{k}": v for k, v in run.last_metrics.items()}, step=step)
-                run.log.line(validation_line(step, run.last_metrics))
+                run.log.line(validation_line(step, run.last_metrics, time.perf_counter() - validation_start))
                 run.stopped_early = record_validation(run, run.last_metrics)
             if step % config.checkpointing_steps == 0 or step == config.max_steps or run.stop.agreed or run.stopped_early:
-                saved = save_checkpoint(run, step)
+                saved = checkpoint_within_its_timeout(run, step)
                 if saved is not None:
                     run.log.line(f"checkpoint {saved}")
             if run.stop.agreed:
@@ -283,6 +295,21 @@ def train(run: TrainingRun) -> None:
         run.profiler.stop()
     if bar is not None:
         bar.close()
+
+
+def checkpoint_within_its_timeout(run: TrainingRun, step: int):
+    """save_checkpoint under the set-up timeout (nccl_timeout_s), not step_timeout_s: every rank
+    writes its part (at 64 GPUs, tens of GB in all) while the others wait in the save's collectives,
+    and slow storage must not look like a dead rank. The step timeout comes back after it."""
+    config = run.config
+    widen = run.step_timeout_set and run.accelerator.num_processes > 1 and config.nccl_timeout_s > config.step_timeout_s
+    if widen:
+        set_collective_timeout(config.nccl_timeout_s)
+    try:
+        return save_checkpoint(run, step)
+    finally:
+        if widen:
+            set_collective_timeout(config.step_timeout_s)
 
 
 def train_step(run: "TrainingRun", batch) -> tuple[dict | None, str, str]:
@@ -305,11 +332,11 @@ def train_step(run: "TrainingRun", batch) -> tuple[dict | None, str, str]:
         try:
             if not lost_batch:
                 video = batch["video"].to(accelerator.device, non_blocking=True).float() / 255  # N,T,3,H,W in [0, 1]
-            try:
-                reference_latents = None if lost_batch else reference_latents_for(run, batch, video)
-            except FloatingPointError as error:  # non-finite reference latents for this batch
-                reference_failed, run.last_reference_error = True, str(error)
-            if not reference_failed and not lost_batch:
+            # finiteness of the reference latents as a device flag for the agreement (no wait here)
+            reference_latents = None if lost_batch else reference_latents_for(run, batch, video, check=False)
+            if reference_latents is not None:
+                reference_failed = ~torch.isfinite(reference_latents).all()
+            if not lost_batch:
                 with run.faults.in_forward(student, micro_step):
                     losses = forward_losses(config, model, video.to(model_dtype(model)), reference_latents, run.lpips)
             if micro_step in run.faults.oom_micro_steps:  # as late in the forward as a real one can come
@@ -328,15 +355,22 @@ def train_step(run: "TrainingRun", batch) -> tuple[dict | None, str, str]:
         run.stop.requested = True
     if micro_step == run.faults.data_failure_micro_step:
         run.failures.update([("decode_error", "(injected)")] * (run.failures.min_draws + run.failures.draws), 0)
-    agreed = agree(accelerator, worker=lost_batch, oom=out_of_memory, nonfinite=losses is not None and not losses.finite(),
+    agreed = agree(accelerator, worker=lost_batch, oom=out_of_memory, nonfinite=losses.nonfinite() if losses is not None else False,
                    reference=reference_failed, data=bool(run.failures.problem()), stop=run.stop.requested,
-                   backward_oom=bool(run.backward_oom_at), storage=bool(run.storage_down))
+                   backward_oom=bool(run.backward_oom_at), storage=bool(run.storage_down), shm=bool(run.shared_memory_full))
     run.stop.agreed = agreed.any("stop")
+    if accelerator.process_index in agreed.get("reference", []) and run.reference_vae is not None:
+        run.last_reference_error = run.reference_vae.nonfinite_message()
     if agreed.any("storage"):  # the store is down past storage_retry_s: waiting longer is the user's call
         latest = complete_checkpoints(run.run_dir)
         raise TrainingStopped(f"no data from object storage {agreed.where('storage')}: {run.storage_down or 'that rank says why'}; "
                               f"the last checkpoint is {latest[-1].name if latest else 'none'}: --resume latest continues "
                               "once the store answers")
+    if agreed.any("shm"):  # a data worker ran out of /dev/shm: the next batches would not fit either
+        latest = complete_checkpoints(run.run_dir)
+        raise TrainingStopped(f"data loader out of shared memory {agreed.where('shm')}: {run.shared_memory_full or 'that rank says why'}; "
+                              f"the last checkpoint is {latest[-1].name if latest else 'none'}: --resume latest continues "
+                              "once /dev/shm is larger")
     if agreed.any("data"):  # the same message on every rank; the rank that counted them names the files
         if run.failures.problem():
             print(f"rank {accelerator.process_index}: {run.failures.problem()}", file=sys.stderr, flush=True)
@@ -377,8 +411,8 @@ def train_step(run: "TrainingRun", batch) -> tuple[dict | None, str, str]:
         if accelerator.sync_gradients:
             run.scheduler.step()
             norm = model.get_global_grad_norm() if hasattr(model, "get_global_grad_norm") else None
-            if norm is not None:  # DeepSpeed clips inside its step and reports the norm here
-                logged["grad_norm"] = torch.as_tensor(float(norm))
+            if norm is not None:  # DeepSpeed clips inside its step and reports the norm here (read when logged)
+                logged["grad_norm"] = norm.detach().float() if isinstance(norm, torch.Tensor) else torch.tensor(float(norm))
         run.optimizer.zero_grad(set_to_none=True)
     return logged, "", ""
 

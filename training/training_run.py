@@ -42,6 +42,7 @@ class TrainingRun:
     last_reference_error: str = ""
     consecutive_bad_steps: int = 0
     storage_down: str = ""  # this rank's loader gave up on object storage (training/storage.py), not yet agreed
+    shared_memory_full: str = ""  # this rank's data worker ran out of /dev/shm (training/shared_memory.py), not yet agreed
     backward_oom_at: int = 0  # micro-step of an out-of-memory backward on this rank, not yet agreed
     step_timeout_set: bool = False
     failed_checkpoints: int = 0

@@ -27,21 +27,25 @@ def evaluation_model(run: TrainingRun) -> TAEHV:
     return evaluated.to(run.accelerator.device).eval()
 
 
-def reference_latents_for(run: TrainingRun, item: dict, video: torch.Tensor) -> torch.Tensor | None:
-    """From the latent cache when the batch carries them, else the reference VAE; None in autoencoder mode."""
+def reference_latents_for(run: TrainingRun, item: dict, video: torch.Tensor, check: bool = True) -> torch.Tensor | None:
+    """From the latent cache when the batch carries them, else the reference VAE; None in autoencoder
+    mode. check=False: the caller tests finiteness itself (ReferenceVAE.encode)."""
     if "latents" in item:
         return item["latents"].to(video.device, non_blocking=True).reshape(video.shape[0], *item["latents"].shape[-4:])
-    return run.reference_vae.encode(video) if run.reference_vae is not None else None
+    return run.reference_vae.encode(video, check=check) if run.reference_vae is not None else None
 
 
 def validate(run: TrainingRun, evaluated: TAEHV) -> dict:
     """PSNR, SSIM, LPIPS (when its weights are on this machine) and flicker (when two or more
     frames are decoded) of the round trip over the held-out clips, and of the student's decode of
-    reference latents when distilling; clips are split across ranks and the sums reduced. Rank 0
-    sends its first clip, side by side, to TensorBoard."""
+    reference latents when distilling; clips are split across ranks and the sums reduced. Each rank
+    runs validation_batch_size clips at a time, in the step's precision (bf16 autocast under a bf16
+    run on a GPU; the metrics in fp32). Rank 0 sends its first clips to TensorBoard."""
     from models.metrics import flicker, psnr, ssim
 
     accelerator, dataset = run.accelerator, run.validation_dataset
+    precision = torch.autocast(accelerator.device.type, torch.bfloat16,
+                               enabled=run.config.mixed_precision == "bf16" and accelerator.device.type == "cuda")
     count = min(run.config.validation_samples, len(dataset))
     temporal = decoded_frame_count(run.config) >= 2  # flicker compares consecutive frames
     metrics = ("psnr", "ssim") + (("lpips",) if run.lpips is not None else ()) + (("flicker",) if temporal else ())
@@ -49,13 +53,18 @@ def validate(run: TrainingRun, evaluated: TAEHV) -> dict:
     # PSNR of the round trip by frame position: an untrained temporal slot shows as one low position
     names += [f"psnr_frame{t}" for t in range(decoded_frame_count(run.config))]
     totals = torch.zeros(len(names) + 1, device=accelerator.device)  # metric sums, number of clips
+    own = list(range(accelerator.process_index, count, accelerator.num_processes))
+    size = max(1, run.config.validation_batch_size)
     with torch.no_grad():  # a plain module: ranks need not run the same number of forwards
-        for index in range(accelerator.process_index, count, accelerator.num_processes):
-            item = dataset[index]
-            video = item["video"][None].to(accelerator.device).float() / 255
-            decoded = {"": evaluated(video)}
-            if run.config.use_ref_vae:
-                decoded["decode_"] = evaluated.decode_video(reference_latents_for(run, item, video))
+        for indices in (own[i : i + size] for i in range(0, len(own), size)):
+            items = [dataset[index] for index in indices]
+            batch = {key: torch.stack([item[key] for item in items]) for key in ("video", "latents") if key in items[0]}
+            video = batch["video"].to(accelerator.device).float() / 255
+            with precision:
+                decoded = {"": evaluated(video)}
+                if run.config.use_ref_vae:
+                    decoded["decode_"] = evaluated.decode_video(reference_latents_for(run, batch, video))
+            decoded = {prefix: frames.float() for prefix, frames in decoded.items()}
             values = {}
             for prefix, frames in decoded.items():
                 target = aligned(video, frames)
@@ -67,9 +76,10 @@ def validate(run: TrainingRun, evaluated: TAEHV) -> dict:
             frames, target = decoded[""], aligned(video, decoded[""])
             for t in range(frames.shape[1]):
                 values[f"psnr_frame{t}"] = psnr(frames[:, t], target[:, t])
-            totals += torch.cat([torch.stack([values[n].sum() for n in names]), totals.new_ones(1)])
-            if index < SAMPLE_CLIPS * accelerator.num_processes:  # rank 0's first clips go to TensorBoard
-                log_sample_image(run, video, decoded[""], index // accelerator.num_processes)
+            totals += torch.cat([torch.stack([values[n].float().sum() for n in names]), totals.new_full((1,), len(indices))])
+            for row, index in enumerate(indices):
+                if index < SAMPLE_CLIPS * accelerator.num_processes:  # rank 0's first clips go to TensorBoard
+                    log_sample_image(run, video[row : row + 1], decoded[""][row : row + 1], index // accelerator.num_processes)
     totals = accelerator.reduce(totals, reduction="sum") if accelerator.num_processes > 1 else totals
     return {name: (totals[i] / totals[-1]).item() for i, name in enumerate(names)}
 
@@ -92,14 +102,16 @@ def with_baseline(run: TrainingRun, metrics: dict) -> dict:
     return {**metrics, **compared}
 
 
-def validation_line(step: int, metrics: dict) -> str:
-    """`Validation at step N | psnr: 24.10 dB | ssim: 0.81 | by frame: 25.0 23.9 ... dB`."""
+def validation_line(step: int, metrics: dict, seconds: float | None = None) -> str:
+    """`Validation at step N | psnr: 24.10 dB | ssim: 0.81 | by frame: 25.0 23.9 ... dB | 3.2 s`."""
     by_frame = [v for k, v in metrics.items() if k.startswith("psnr_frame")]
     parts = [f"{k}: {v:.2f} dB" if k.endswith("psnr") else f"{k}: {v:+.2f} dB" if k.endswith("psnr_vs_start")
              else f"{k}: {v:+.4f}" if k.endswith("_vs_start") else f"{k}: {v:.4f}"
              for k, v in metrics.items() if not k.startswith("psnr_frame")]
     if by_frame:
         parts.append("by frame: " + " ".join(f"{v:.1f}" for v in by_frame) + " dB")
+    if seconds is not None:
+        parts.append(f"{seconds:.1f} s")
     return f"Validation at step {step} | " + " | ".join(parts)
 
 
