@@ -10,7 +10,9 @@ and in one line at the end.
    compile parity, the memory estimate against the measured peak, the profile benchmark);
 2. the training micro-step of the h100 profile (scripts/benchmark.py --profile h100), with
    latents cached and with the reference VAE on the fly: clips/s per GPU and MFU;
-3. scripts/benchmark_model.py at 512x320x61 in fp16, to compare with the public ~0.5 s decode.
+3. scripts/benchmark_model.py at 512x320x61 in fp16, to compare with the public ~0.5 s decode;
+4. scripts/benchmark_teacher.py: the reference VAE's encode of an h100 batch in the default layout
+   and in channels_last_3d, and which `ref_vae_channels_last` the runs should use.
 
 Writes <out>/gpu_check.json and <out>/gpu_check.md (a table in the layout of docs/benchmarks.md).
 Without CUDA it stops with one line and exit status 2.
@@ -76,6 +78,13 @@ def markdown(report: dict) -> str:
     else:
         lines.append(f"| taehv 512x320x61 fp16 decode / encode | {model['decode_s']:.3f} s / {model['encode_s']:.3f} s, "
                      f"peak {model['peak_memory_mb']:.0f} MB |")
+    teacher = report.get("benchmark_teacher", {})
+    if "error" in teacher:
+        lines.append(f"| reference VAE encode, h100 batch | failed: {teacher['error']} |")
+    elif teacher:
+        lines.append(f"| {teacher['family']} encode of {'x'.join(map(str, teacher['shape']))} {teacher['dtype']}: default / "
+                     f"channels_last_3d | {teacher['encode_s']['default']:.3f} s / {teacher['encode_s']['channels_last_3d']:.3f} s "
+                     f"({teacher['channels_last_speedup']:.2f}x): use {teacher['use']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -112,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
                            "--frames", "61", "--dtype", "fp16", "--json", str(path)], limit(MODEL_BENCHMARK_LIMIT_S),
                           "benchmark_model (taehv 512x320x61 fp16)")
     report["benchmark_model"] = json.loads(path.read_text()) if code == 0 else {"error": output.strip()[-300:]}
+    path = args.out / "benchmark_teacher_h100.json"
+    code, output, _ = run([python, "-m", "scripts.benchmark_teacher", "--profile", "h100", "--json", str(path)],
+                          limit(MODEL_BENCHMARK_LIMIT_S), "benchmark_teacher (reference VAE encode, h100 shape)")
+    report["benchmark_teacher"] = json.loads(path.read_text()) if code == 0 else {"error": output.strip()[-300:]}
     (args.out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.out / "gpu_check.md").write_text(markdown(report))
     print(markdown(report))
@@ -127,7 +140,8 @@ def failures(report: dict, out: Path) -> list[str]:
     problems = []
     if report["pytest"]["exit"] != 0:
         problems.append(f"pytest -m gpu: {report['pytest']['summary']} (output: {out / 'pytest_gpu.txt'})")
-    for name, bench in [*report["benchmarks"].items(), ("benchmark_model (taehv 512x320x61 fp16)", report["benchmark_model"])]:
+    for name, bench in [*report["benchmarks"].items(), ("benchmark_model (taehv 512x320x61 fp16)", report["benchmark_model"]),
+                        ("benchmark_teacher (reference VAE encode, h100 shape)", report.get("benchmark_teacher", {}))]:
         if "error" in bench:
             problems.append(f"{name}: {bench['error'].strip().splitlines()[-1] if bench['error'].strip() else 'no output'}")
     return problems

@@ -71,6 +71,9 @@ def test_dry_run_resolves_every_profile(ngpu, profile, module, zero, production_
     assert f"configs/{module}.py" in result.stdout and f"(ZeRO {zero}," in result.stdout
     assert f"--num_processes {ngpu} " in result.stdout
     assert resolved_from_dry_run(result.stdout)["num_processes"] == ngpu
+    if profile not in ("cpu", "test"):  # the teacher's share of the step, where its layout matters
+        assert re.search(r"TFLOP per micro-step on each rank: student [\d.]+.*the reference VAE's encode is \d+% of it",
+                         result.stdout), result.stdout[-3000:]
     assert not (tmp_path / "run").exists()  # a dry run starts nothing and writes nothing
 
 

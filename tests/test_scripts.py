@@ -204,6 +204,26 @@ def test_gpu_check_names_the_phase_that_overran_or_failed(tmp_path):
         "h100 profile, latents cached: benchmark (h100 profile, latents cached) overran its 1 s time limit (--time-scale raises it)"]
 
 
+def test_the_teacher_benchmark_times_both_layouts_and_says_which_to_use(tmp_path):
+    """scripts/benchmark_teacher.py (make gpu-check's last phase) on the tiny CogVideoX config: both
+    layouts timed, the faster one named as the setting, and its row in gpu-check's table."""
+    from scripts import gpu_check
+
+    out = tmp_path / "teacher.json"
+    completed = subprocess.run([sys.executable, "-m", "scripts.benchmark_teacher", "--profile", "test", "--tiny", "--set",
+                                "use_ref_vae=true", "--set", "ref_vae_family=cogvideox", "--set", "n_frames=9",
+                                "--warmup", "1", "--repeats", "2", "--json", str(out)],
+                               cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert set(result["encode_s"]) == {"default", "channels_last_3d"} and all(v > 0 for v in result["encode_s"].values())
+    faster = min(result["encode_s"], key=result["encode_s"].get)
+    assert result["use"] == f"ref_vae_channels_last={str(faster == 'channels_last_3d').lower()}"
+    report = {"device": "cpu", "torch": torch.__version__, "date": "today", "pytest": {"summary": "ok"}, "benchmarks": {},
+              "benchmark_model": {"decode_s": 0.5, "encode_s": 0.2, "peak_memory_mb": 1.0}, "benchmark_teacher": result}
+    assert f"use {result['use']} |" in gpu_check.markdown(report)
+
+
 def test_data_benchmark_decode_cost_reports_raw_and_prepared(tmp_path):
     """The decode budget part of scripts/benchmark_data.py at a small size (one short 1080p source):
     both clip sets measured, at the h100 clip shape."""

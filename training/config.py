@@ -958,7 +958,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {line}")
         print("memory (estimated per rank; training/memory.py, docs/performance.md):")
         over_budget = print_memory(config, args.check_gpu_budget, sys.stdout, args.processes_per_node)
-        from training.decode_budget import decode_budget_lines
+        from training.decode_budget import compute_line, decode_budget_lines
+
+        if not config.accelerate_config.endswith("_cpu.yaml"):
+            print("compute (training/step_flops.py):")
+            print(f"  {compute_line(config)}")
 
         budget = decode_budget_lines(config)
         if budget:

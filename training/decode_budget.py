@@ -21,20 +21,42 @@ PEAK_FLOPS = 989e12  # H100 SXM, dense bf16 (scripts/benchmark.py SPEC_PEAK_FLOP
 
 
 def step_tflops(config) -> float:
-    """FLOPs of one micro-step (training/step_flops.py, several seconds on the meta device), kept in
-    ~/.cache/taehv/step_flops.json by what they depend on, so repeated dry runs do not count again."""
+    return step_tflops_by_part(config)["total"]
+
+
+def step_tflops_by_part(config) -> dict[str, float]:
+    """TFLOPs of one micro-step by part (training/step_flops.py, several seconds on the meta device),
+    kept in ~/.cache/taehv/step_flops_by_part.json by what they depend on, so repeated dry runs do
+    not count again."""
     from training.measure_cache import cached_measurement
 
-    def count() -> float:
+    def count() -> dict[str, float]:
         from training.step_flops import step_flops
 
-        return step_flops(config)["total"] / 1e12
+        return {part: flops / 1e12 for part, flops in step_flops(config).items()}
 
     keys = ("student_args", "batch_size_per_gpu", "n_frames", "height", "width", "use_ref_vae", "reference_family",
             "reference_geometry", "ref_vae_path", "latent_cache", "reconstruction_weight", "encoder_weight", "decoder_weight",
             "perceptual_weight", "seraena_weight", "temporal_weight")
-    return cached_measurement("step_flops", config, keys, ("training/step_flops.py", "models/taehv.py", "models/variants.py"),
-                              count)
+    return cached_measurement("step_flops_by_part", config, keys,
+                              ("training/step_flops.py", "models/taehv.py", "models/variants.py"), count)
+
+
+PART_NAMES = {"student": "student", "reference": "reference VAE encode", "lpips": "LPIPS", "seraena": "Seraena"}
+
+
+def compute_line(config) -> str:
+    """The micro-step's FLOPs by part, with the teacher's share: where it dominates, its speed
+    (ref_vae_channels_last, a latent cache) matters more than the student's."""
+    parts = step_tflops_by_part(config)
+    total = parts["total"]
+    shares = ", ".join(f"{PART_NAMES.get(part, part)} {value:.1f}" for part, value in parts.items() if part != "total")
+    line = f"{total:.1f} TFLOP per micro-step on each rank: {shares}"
+    if parts.get("reference"):
+        line += (f"; the reference VAE's encode is {parts['reference'] / total:.0%} of it (ref_vae_channels_last="
+                 f"{str(config.ref_vae_channels_last).lower()}; make gpu-check times both layouts; a latent cache "
+                 "removes it)")
+    return line
 
 
 def expected_clips_per_s(config) -> float:
