@@ -165,3 +165,19 @@ time.sleep(60)
         lock_run_folder(run_dir)  # the relaunch's rank 0 takes it
     finally:
         os.kill(child, signal.SIGKILL)
+
+
+def test_a_training_of_an_older_version_holding_the_folder_with_flock_is_seen(tmp_path):
+    """Record locks and flock locks ignore each other on Linux: a run started before the lock became
+    a record lock still refuses a second training on its folder."""
+    import fcntl
+
+    from training.run_folder import run_folder_holder
+
+    (tmp_path / ".lock").write_text("process 1 on an-older-version\n")
+    with open(tmp_path / ".lock") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        pid = os.fork()
+        if pid == 0:  # another process: flock conflicts only across open file descriptions
+            os._exit(0 if run_folder_holder(tmp_path) == "process 1 on an-older-version" else 1)
+        assert os.waitpid(pid, 0)[1] == 0

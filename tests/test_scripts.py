@@ -224,6 +224,17 @@ def test_the_teacher_benchmark_times_both_layouts_and_says_which_to_use(tmp_path
     assert f"use {result['use']} |" in gpu_check.markdown(report)
 
 
+def test_transposed_convolutions_are_counted_with_torchs_formula():
+    """The FLOP counter leaves zero padding out of ordinary convolutions and falls back on torch's
+    own formula for transposed ones (a student or teacher that has them must not break the dry run)."""
+    import torch.nn.functional as F
+
+    from training.step_flops import count_flops
+
+    x, w = torch.rand(1, 4, 8, 8), torch.rand(4, 2, 3, 3)
+    assert count_flops(lambda: F.conv_transpose2d(x, w)) == 2 * 4 * 2 * 9 * 64  # every input tap, every weight
+
+
 def test_data_benchmark_decode_cost_reports_raw_and_prepared(tmp_path):
     """The decode budget part of scripts/benchmark_data.py at a small size (one short 1080p source):
     both clip sets measured, at the h100 clip shape."""

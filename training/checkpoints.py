@@ -85,7 +85,23 @@ def save_checkpoint(run: TrainingRun, step: int) -> Path | None:
     resume would pick. Older checkpoints beyond the limit go only after the new one is complete.
     A failed write (full disk, lost mount) on any rank is agreed by all ranks, logged with the
     ranks it happened on, and returns None: the temporary folder is removed, the previous
-    checkpoint stays, and training goes on."""
+    checkpoint stays, and training goes on. It runs under the set-up timeout (nccl_timeout_s),
+    not step_timeout_s: every rank writes its part (at 64 GPUs, tens of GB in all) while the others
+    wait in the save's collectives, and slow storage must not look like a dead rank."""
+    from training.faults import set_collective_timeout  # faults saves the stop checkpoint through here
+
+    config = run.config
+    widen = run.step_timeout_set and run.accelerator.num_processes > 1 and config.nccl_timeout_s > config.step_timeout_s
+    if widen:
+        set_collective_timeout(config.nccl_timeout_s)
+    try:
+        return _save_checkpoint(run, step)
+    finally:
+        if widen:
+            set_collective_timeout(config.step_timeout_s)
+
+
+def _save_checkpoint(run: TrainingRun, step: int) -> Path | None:
     accelerator, config, run_dir = run.accelerator, run.config, run.run_dir
     final = run_dir / "checkpoints" / f"checkpoint-{step}"
     temporary = run_dir / "checkpoints" / f".tmp-checkpoint-{step}"

@@ -873,11 +873,10 @@ def print_memory(config: TrainConfig, check_gpu_budget: bool, problem_stream, pr
 
 
 def visible_gpu_count() -> int:
-    """CUDA devices this process sees (0 without a CUDA build). The launcher compares it with NGPU,
-    and a launch is a CPU run only where it is 0: the training uses CUDA wherever torch sees it
-    (training/builders.py picks gloo and DeepSpeed its CPU accelerator only without it), whatever
-    the profile or accelerate file. A CPU-only torch build is read from torch/version.py, without
-    importing torch (~2 s of every CPU launch)."""
+    """CUDA devices this process sees (0 without a CUDA build). The launcher compares it with NGPU;
+    a *_cpu.yaml launch is a CPU run whatever it is (the launcher hides the GPUs), the cpu and test
+    profiles with another file only where it is 0. A CPU-only torch build is read from
+    torch/version.py, without importing torch (~2 s of every CPU launch)."""
     spec = importlib.util.find_spec("torch")
     version = Path(next(iter(spec.submodule_search_locations or []), ""), "version.py") if spec else None
     if version is not None and version.is_file():

@@ -31,7 +31,7 @@ RESUME_MAY_CHANGE = frozenset({
     "max_steps", "log_every", "validation_steps", "validation_samples", "validation_batch_size",
     "checkpointing_steps", "checkpoints_total_limit", "early_stopping_patience",
     "num_workers", "prefetch_factor", "decode_threads", "persistent_workers", "check_shared_memory",
-    "seraena_buffer_in_checkpoints",
+    "seraena_buffer_in_checkpoints", "storage_retry_s",
     "max_consecutive_bad_steps", "max_failed_fraction", "nccl_timeout_s", "step_timeout_s", "gpu_memory_gb",
     "gradient_checkpointing", "channels_last", "compile", "compile_backend", "cudnn_benchmark", "lpips_bf16",
     "lpips_weights_path", "lpips_backbone_path",
@@ -182,6 +182,7 @@ def run_folder_holder(run_dir: Path) -> str:
         with open(run_dir / LOCK) as lock:
             try:
                 fcntl.lockf(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)  # a training started by an older version held it so
             except OSError:  # EAGAIN or EACCES, as the platform reports a held record lock
                 return lock.read().strip() or "another process"
     except OSError:  # no lock file: no training ever held it

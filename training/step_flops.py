@@ -20,7 +20,9 @@ Part by part as the loop computes them:
 from __future__ import annotations
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode, flop_registry
+from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import conv_backward_flop as torch_conv_backward_flop
+from torch.utils.flop_counter import conv_flop as torch_conv_flop
 
 from models.taehv import TAEHV
 from training.config import measured_geometry, student_of
@@ -47,8 +49,9 @@ def _conv_products(x_shape, w_shape, stride, padding, dilation, out_shape) -> in
 
 def _conv_flop(x_shape, w_shape, _bias, stride, padding, dilation, transposed, *args, out_shape=None, **kwargs) -> int:
     if transposed or isinstance(padding, str):
-        return _TORCH_FORMULAS[torch.ops.aten.convolution](x_shape, w_shape, _bias, stride, padding, dilation, transposed,
-                                                            *args, out_shape=out_shape, **kwargs)
+        # torch's formula is wrapped to take the output itself (out_val) and pass on its shape
+        return torch_conv_flop(x_shape, w_shape, _bias, stride, padding, dilation, transposed, *args, out_val=out_shape,
+                               **kwargs)
     return 2 * _conv_products(x_shape, w_shape, stride, padding, dilation, out_shape)
 
 
@@ -56,14 +59,12 @@ def _conv_backward_flop(grad_out_shape, x_shape, w_shape, _bias, stride, padding
                         groups, output_mask, out_shape=None, **kwargs) -> int:
     """The input gradient and the weight gradient each take the forward's products once."""
     if transposed or isinstance(padding, str):
-        return _TORCH_FORMULAS[torch.ops.aten.convolution_backward](
-            grad_out_shape, x_shape, w_shape, _bias, stride, padding, dilation, transposed, output_padding, groups,
-            output_mask, out_shape=out_shape, **kwargs)
+        return torch_conv_backward_flop(grad_out_shape, x_shape, w_shape, _bias, stride, padding, dilation, transposed,
+                                        output_padding, groups, output_mask, out_val=out_shape, **kwargs)
     return 2 * _conv_products(x_shape, w_shape, stride, padding, dilation, grad_out_shape) * (
         int(bool(output_mask[0])) + int(bool(output_mask[1])))
 
 
-_TORCH_FORMULAS = {op: flop_registry[op] for op in (torch.ops.aten.convolution, torch.ops.aten.convolution_backward)}
 _CONVOLUTIONS = (torch.ops.aten.convolution, torch.ops.aten._convolution, torch.ops.aten.cudnn_convolution,
                  torch.ops.aten._slow_conv2d_forward, torch.ops.aten.convolution_overrideable)
 

@@ -277,7 +277,7 @@ def train(run: TrainingRun) -> None:
                 run.log.line(validation_line(step, run.last_metrics, time.perf_counter() - validation_start))
                 run.stopped_early = record_validation(run, run.last_metrics)
             if step % config.checkpointing_steps == 0 or step == config.max_steps or run.stop.agreed or run.stopped_early:
-                saved = checkpoint_within_its_timeout(run, step)
+                saved = save_checkpoint(run, step)
                 if saved is not None:
                     run.log.line(f"checkpoint {saved}")
             if run.stop.agreed:
@@ -295,21 +295,6 @@ def train(run: TrainingRun) -> None:
         run.profiler.stop()
     if bar is not None:
         bar.close()
-
-
-def checkpoint_within_its_timeout(run: TrainingRun, step: int):
-    """save_checkpoint under the set-up timeout (nccl_timeout_s), not step_timeout_s: every rank
-    writes its part (at 64 GPUs, tens of GB in all) while the others wait in the save's collectives,
-    and slow storage must not look like a dead rank. The step timeout comes back after it."""
-    config = run.config
-    widen = run.step_timeout_set and run.accelerator.num_processes > 1 and config.nccl_timeout_s > config.step_timeout_s
-    if widen:
-        set_collective_timeout(config.nccl_timeout_s)
-    try:
-        return save_checkpoint(run, step)
-    finally:
-        if widen:
-            set_collective_timeout(config.step_timeout_s)
 
 
 def train_step(run: "TrainingRun", batch) -> tuple[dict | None, str, str]:
@@ -359,8 +344,9 @@ def train_step(run: "TrainingRun", batch) -> tuple[dict | None, str, str]:
                    reference=reference_failed, data=bool(run.failures.problem()), stop=run.stop.requested,
                    backward_oom=bool(run.backward_oom_at), storage=bool(run.storage_down), shm=bool(run.shared_memory_full))
     run.stop.agreed = agreed.any("stop")
-    if accelerator.process_index in agreed.get("reference", []) and run.reference_vae is not None:
-        run.last_reference_error = run.reference_vae.nonfinite_message()
+    if accelerator.process_index in agreed.get("reference", []):
+        run.last_reference_error = (run.reference_vae.nonfinite_message() if run.reference_vae is not None else
+                                    f"non-finite latents in latent_cache={config.latent_cache}: rebuild it with scripts/cache_latents.py")
     if agreed.any("storage"):  # the store is down past storage_retry_s: waiting longer is the user's call
         latest = complete_checkpoints(run.run_dir)
         raise TrainingStopped(f"no data from object storage {agreed.where('storage')}: {run.storage_down or 'that rank says why'}; "

@@ -60,10 +60,11 @@ def validate(run: TrainingRun, evaluated: TAEHV) -> dict:
             items = [dataset[index] for index in indices]
             batch = {key: torch.stack([item[key] for item in items]) for key in ("video", "latents") if key in items[0]}
             video = batch["video"].to(accelerator.device).float() / 255
-            with precision:
+            reference_latents = reference_latents_for(run, batch, video) if run.config.use_ref_vae else None
+            with precision:  # the student's precision; the reference VAE keeps its own
                 decoded = {"": evaluated(video)}
-                if run.config.use_ref_vae:
-                    decoded["decode_"] = evaluated.decode_video(reference_latents_for(run, batch, video))
+                if reference_latents is not None:
+                    decoded["decode_"] = evaluated.decode_video(reference_latents)
             decoded = {prefix: frames.float() for prefix, frames in decoded.items()}
             values = {}
             for prefix, frames in decoded.items():
