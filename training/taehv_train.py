@@ -136,14 +136,14 @@ def main(argv: list[str] | None = None) -> int:
     except (DataFailureError, TrainingStopped) as error:
         run.log.line(f"stopped: {error}")
         print(f"stopped on rank {accelerator.process_index}: {error}", file=sys.stderr, flush=True)
-        return leave_broken_collectives(3) if isinstance(error, StoppedInsideACollective) else 3
+        return leave_broken_collectives(accelerator, 3) if isinstance(error, StoppedInsideACollective) else 3
     except RuntimeError as error:
         if is_peer_gone(error):  # the rank that left printed why; this one adds no traceback
             latest = complete_checkpoints(run_dir)
             print(f"stopped on rank {accelerator.process_index}: a collective broke at step {run.progress.step + 1} because "
                   f"another rank left the job (its own message above says why); the last checkpoint is "
                   f"{latest[-1] if latest else 'none'}: --resume latest continues from it", file=sys.stderr, flush=True)
-            return leave_broken_collectives(4)
+            return leave_broken_collectives(accelerator, 4)
         if not is_collective_timeout(error):
             raise
         timeout = f"step_timeout_s={config.step_timeout_s}" if run.step_timeout_set else f"nccl_timeout_s={config.nccl_timeout_s}"
@@ -161,10 +161,16 @@ def main(argv: list[str] | None = None) -> int:
     return finish(run)
 
 
-def leave_broken_collectives(code: int) -> int:
+def leave_broken_collectives(accelerator, code: int) -> int:
     """Exit now with `code`, its lines already printed: tearing down a process group or DDP reducer
     left mid-collective can abort the process (SIGABRT from a C++ destructor), which would replace
-    the exit code and the one-line reason with a crash report."""
+    the exit code and the one-line reason with a crash report. TensorBoard's last scalars are
+    written first (no collective in that)."""
+    if accelerator.is_main_process:
+        try:
+            accelerator.get_tracker("tensorboard", unwrap=True).flush()
+        except Exception:  # no tracker yet: nothing to keep
+            pass
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
