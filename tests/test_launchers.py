@@ -290,8 +290,11 @@ def test_sigkill_of_the_launchers_process_group_leaves_nothing_behind_and_the_ru
         time.sleep(0.2)
     second = run(args + ["--resume", "latest"], {"MASTER_PORT": str(free_port())})
     assert second.returncode == 2, second.stderr[-3000:]
+    waited, refused = second.stderr.strip().splitlines()  # a holder that is ending gets a bounded wait, said
+    assert re.fullmatch(rf"run folder {run_dir} is held by the training process \d+ on \S+: waiting up to 20 s for it "
+                        r"to end", waited), second.stderr
     assert re.fullmatch(rf"resume error: run folder {run_dir} is in use by the training process \d+ on \S+: wait for it to "
-                        r"end or stop it, or choose another --output-dir", second.stderr.strip()), second.stderr
+                        r"end or stop it, or choose another --output-dir", refused), second.stderr
 
     os.killpg(launcher.pid, signal.SIGKILL)
     launcher.wait()

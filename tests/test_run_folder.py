@@ -181,3 +181,31 @@ def test_a_training_of_an_older_version_holding_the_folder_with_flock_is_seen(tm
         if pid == 0:  # another process: flock conflicts only across open file descriptions
             os._exit(0 if run_folder_holder(tmp_path) == "process 1 on an-older-version" else 1)
         assert os.waitpid(pid, 0)[1] == 0
+
+
+def test_a_holder_that_ends_within_the_wait_lets_the_relaunch_start(tmp_path, capsys):
+    """A job scheduler relaunches at once after a kill, while the killed rank may still be exiting:
+    the first step waits a bounded time for the holder, says so, and goes on when it lets go."""
+    import subprocess
+    import sys
+    import time
+
+    from training.run_folder import check_not_in_use
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import sys, time
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+from pathlib import Path
+from training.run_folder import lock_run_folder
+lock_run_folder(Path({str(run_dir)!r}))
+print("locked", flush=True)
+time.sleep(2)
+"""], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "locked\n"
+    started = time.monotonic()
+    check_not_in_use(run_dir, wait_s=20)  # returns once the holder exits, about 2 s later
+    assert time.monotonic() - started < 15
+    assert f"run folder {run_dir} is held by the training process {holder.pid} on " in capsys.readouterr().err
+    holder.wait()

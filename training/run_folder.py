@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -164,10 +165,24 @@ def in_use(run_dir: Path, holder: str) -> ResumeError:
                        "or choose another --output-dir")
 
 
-def check_not_in_use(run_dir: Path) -> None:
+RELEASE_WAIT_S = 20.0  # a killed rank lets go of the lock when it has exited, which takes a moment
+
+
+def check_not_in_use(run_dir: Path, wait_s: float = RELEASE_WAIT_S) -> None:
     """The launcher's first step on the first machine: refuse a folder a training holds, before
-    anything starts (ranks do not check: rank 0 of this very launch may hold it already)."""
+    anything starts (ranks do not check: rank 0 of this very launch may hold it already). A holder
+    may be a training that was just killed and is still exiting (a relaunch by a job scheduler comes
+    at once): it is waited for up to `wait_s`, saying so, before the refusal."""
     holder = run_folder_holder(run_dir)
+    if holder:
+        import sys
+
+        print(f"run folder {run_dir} is held by the training {holder}: waiting up to {wait_s:.0f} s for it to end",
+              file=sys.stderr, flush=True)
+        deadline = time.monotonic() + wait_s
+        while holder and time.monotonic() < deadline:
+            time.sleep(0.2)
+            holder = run_folder_holder(run_dir)
     if holder:
         raise in_use(run_dir, holder)
 
