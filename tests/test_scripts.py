@@ -1,9 +1,7 @@
 import json
 import re
-import statistics
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -129,51 +127,29 @@ def test_profile_benchmark_times_the_trainers_window_at_a_small_shape(tmp_path):
     assert 0 < report["mfu_vs_measured_peak"] <= 1, (report["mfu_vs_measured_peak"], report["measured_peak_kernel"])
 
 
-def test_the_measured_peak_is_not_below_any_convolution_of_the_timed_student():
-    """MFU above 1 came from a peak below what the step's own kernels reach: MKL's fp32 1024-matmul
-    against oneDNN's convolutions (15-30% faster on this AVX-512 CPU), counted with their zero
-    padding. Each convolution shape of the benchmark's default step (8 clips x 8 frames x 32x32),
-    timed alone (the median of 5) and counted as the step is counted, runs at most at the measured
-    peak (the best of its timings, before and after; 10% for the noise of a shared machine)."""
+def test_the_peak_and_the_step_count_convolutions_alike_and_the_peak_takes_the_fastest_kernel(monkeypatch):
+    """MFU above 1 came from a peak below what the step's own kernels reach: MKL's fp32 matmul
+    against oneDNN's convolutions, counted with their zero padding. A convolution is counted without
+    the products of its padding, and the measured peak is the fastest of a matmul and convolutions
+    at the student's widths, counted the same way. (Deterministic: which kernel is fastest on a
+    shared machine is the benchmark's to measure, not a timed assert's.)"""
     import torch.nn.functional as F
-    from torch.utils._python_dispatch import TorchDispatchMode
 
-    from models.taehv import TAEHV
-    from scripts.benchmark import measured_peak_flops
+    from scripts import benchmark
     from training.step_flops import count_flops
 
-    class Convolutions(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.seen = {}
+    x, w = torch.rand(2, 4, 8, 8), torch.rand(5, 4, 3, 3)
+    taps = (3 * 8 - 2) ** 2  # per output row and column, the 3x3 window loses one tap at each edge
+    assert count_flops(lambda: F.conv2d(x, w, padding=1)) == 2 * 2 * 5 * 4 * taps
+    calls = []
 
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func is torch.ops.aten.convolution.default:
-                x, w, bias, stride, padding, dilation, transposed, _, groups = args
-                self.seen[(tuple(x.shape), tuple(w.shape), bias is not None, tuple(stride), tuple(padding), groups)] = transposed
-            return func(*args, **(kwargs or {}))
+    def timed(device, fn, repeats):  # the matmul (timed first) takes 1 s, each convolution 10 ms
+        calls.append(fn)
+        return 1.0 if len(calls) == 1 else 0.01
 
-    cpu = torch.device("cpu")
-    peak_before, _ = measured_peak_flops(cpu, repeats=5)
-    torch.manual_seed(0)
-    with torch.no_grad(), Convolutions() as convolutions:
-        TAEHV("taehv")(torch.rand(8, 8, 3, 32, 32))
-    rates = {}
-    for (x_shape, w_shape, bias, stride, padding, groups), transposed in convolutions.seen.items():
-        assert not transposed
-        x, w = torch.randn(x_shape), torch.randn(w_shape)
-        b = torch.randn(w_shape[0]) if bias else None
-        conv = lambda: F.conv2d(x, w, b, stride, padding, groups=groups)  # noqa: E731
-        conv()
-        seconds = []
-        for _ in range(5):
-            start = time.perf_counter()
-            conv()
-            seconds.append(time.perf_counter() - start)
-        rates[(x_shape, w_shape)] = count_flops(conv) / statistics.median(seconds)
-    peak, label = max((peak_before, ""), measured_peak_flops(cpu, repeats=5))
-    fastest = max(rates, key=rates.get)
-    assert rates[fastest] <= 1.1 * peak, (f"{fastest}: {rates[fastest] / 1e9:.0f} GFLOP/s", label)
+    monkeypatch.setattr(benchmark, "best_seconds", timed)
+    peak, label = benchmark.measured_peak_flops(torch.device("cpu"))
+    assert len(calls) == 3 and "3x3 convolution" in label and peak > 2 * 2048**3  # above the matmul's 2n^3 FLOP in 1 s
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
