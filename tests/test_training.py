@@ -329,18 +329,25 @@ def test_distillation_runs_with_each_reference_family(name, tiny_vae_folders, cl
     assert topology["ref_vae_latent_space"] == space
 
 
+def probe_run(probe: str, marker: str, clips, tmp_path, max_steps: int) -> dict:
+    """training/taehv_train.py's main as one rank under tests/<probe>, with Seraena on: the JSON
+    report the probe prints after `marker`."""
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "tests" / probe), "--config", "test",
+                             "--output-dir", str(tmp_path / "run"), "--max-steps", str(max_steps), "--set", f"data_root={clips}",
+                             "--set", "seraena_weight=0.1"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    report = json.loads(result.stdout.rpartition(marker)[2] or "{}")
+    assert report.get("exit_code") == 0, result.stderr[-3000:]
+    return report
+
+
 def test_nothing_reseeds_a_global_generator_after_the_per_rank_seeding(clips, tmp_path):
     """Each rank draws its own noise (the reference VAE's latent sample, Seraena's choices) once
     set_seed(..., device_specific=True) ran: a later torch.manual_seed, even inside a fork_rng of
     the CPU generator, would reseed every CUDA device alike on all ranks, which no CPU run shows.
-    Records every global seeding call in a whole run with Seraena on (tests/seeding_probe.py)."""
-    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    result = subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "seeding_probe.py"), "--config", "test",
-                             "--output-dir", str(tmp_path / "run"), "--max-steps", "2", "--set", f"data_root={clips}",
-                             "--set", "seraena_weight=0.1"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
-    report = json.loads(result.stdout.rpartition("SEEDING ")[2] or "{}")
-    assert report.get("exit_code") == 0, result.stderr[-3000:]
+    Records every global seeding call in a whole run (tests/seeding_probe.py)."""
+    report = probe_run("seeding_probe.py", "SEEDING ", clips, tmp_path, max_steps=2)
     assert report["per_rank_seeding_done"]
     assert report["calls"] == []
 
@@ -349,14 +356,8 @@ def test_a_micro_step_reads_the_device_once(clips, tmp_path):
     """Each read of a tensor's value on the host (.item(), .cpu(), bool(), float(), ...) stalls a
     GPU step until every queued kernel ran: a micro-step reads only the agreement's table (its
     non-finite checks are device flags folded into it; losses and norms are read at log intervals).
-    Counted in a whole run with Seraena on (tests/device_reads_probe.py)."""
-    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    result = subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "device_reads_probe.py"), "--config", "test",
-                             "--output-dir", str(tmp_path / "run"), "--max-steps", "3", "--set", f"data_root={clips}",
-                             "--set", "seraena_weight=0.1"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
-    report = json.loads(result.stdout.rpartition("READS ")[2] or "{}")
-    assert report.get("exit_code") == 0, result.stderr[-3000:]
+    Counted in a whole run (tests/device_reads_probe.py)."""
+    report = probe_run("device_reads_probe.py", "READS ", clips, tmp_path, max_steps=3)
     assert len(report["steps"]) == 3
     assert all(reads == ["Tensor.tolist at agreement.py:" + reads[0].rpartition(":")[2]] for reads in report["steps"]), report["steps"]
 
