@@ -36,8 +36,9 @@ import torch
 from models.metrics import LPIPSUnavailable, load_lpips, psnr, ssim, temporal_error
 from models.reference_families import FAMILIES
 from models.taehv import TAEHV
-from training.dataset import ClipError, probe_video, read_clip, read_index, resize_and_crop
-from training.storage import is_remote
+from training.base.storage import is_remote
+from training.data.decode import ClipError, read_clip, resize_and_crop
+from training.data.index import probe_video, read_index
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 ERROR_GAIN = 4  # the error panel shows |reconstruction - input| x 4
@@ -58,7 +59,7 @@ def load_student(model: Path, variant: str | None) -> tuple[TAEHV, Path]:
         for name in ("taehv.safetensors", "taehv.pth"):
             if (folder / name).is_file():
                 return TAEHV.from_pretrained(folder / name, variant=variant), folder / name
-    from training.checkpoints import is_checkpoint_folder
+    from training.run.checkpoint_files import is_checkpoint_folder
 
     if is_checkpoint_folder(model):  # a training checkpoint: its EMA weights
         from scripts.convert_checkpoint import checkpoint_model
@@ -90,7 +91,7 @@ def clip_paths(sources: list[str]) -> list[Path]:
 
 def held_out_clips(run: Path) -> list[Path]:
     """The clips a training run held out (its resolved_config.json: data_root, index_path and
-    validation_fraction, split by the same stable rule as training/dataset.py)."""
+    validation_fraction, split by the same stable rule as training/data/clips.py)."""
     path = run / "resolved_config.json"
     if not path.is_file():
         raise FileNotFoundError(f"--held-out-of {run}: no resolved_config.json in it; give a run folder (output/latest)")
@@ -166,7 +167,7 @@ class Speed:
     def summary(self) -> dict:
         out = {f"{k}_frames_per_second": round(self.frames[k] / self.seconds[k], 3) if self.seconds[k] else None
                for k in self.seconds}
-        out["peak_gpu_memory_gb"] = round(self.peak_bytes / 1e9, 3)  # GB of 1e9 bytes, as training/memory.py if self.device.type == "cuda" else None
+        out["peak_gpu_memory_gb"] = round(self.peak_bytes / 1e9, 3)  # GB of 1e9 bytes, as training/plan/memory.py if self.device.type == "cuda" else None
         return out
 
 

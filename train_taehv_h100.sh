@@ -96,11 +96,11 @@ SET_ARGS=(); for item in "${SETS[@]+"${SETS[@]}"}"; do SET_ARGS+=(--set "$item")
 # ---------------------------------------------------------------- resolve and validate (no training yet)
 # A dry run checks the inputs (weights, reference VAE, data, LPIPS) after the plan and lists them all.
 # The run folder (--output-dir; else the config's output_dir; else the run being resumed; else a new
-# output/<timestamp>) and, when resuming a recorded run, that run's own settings (training/run_folder.py).
+# output/<timestamp>) and, when resuming a recorded run, that run's own settings (training/run/folder.py).
 SHELL_ARGS=(); (( DRY_RUN )) && SHELL_ARGS=(--no-check-paths)
 [[ "$MACHINE_RANK" == "0" ]] && SHELL_ARGS+=(--refuse-busy-run-folder)  # another training holds the run folder
 RUN_ARGS=(--num-processes "$TOTAL_PROCESSES" --processes-per-node "$NGPU" --output-dir "$OUTPUT_DIR" --resume "$RESUME" "${SET_ARGS[@]+"${SET_ARGS[@]}"}")
-RESOLVED="$("$PYTHON" -m training.config "$CONFIG" "${RUN_ARGS[@]}" "${SHELL_ARGS[@]+"${SHELL_ARGS[@]}"}" --shell)" || exit 2
+RESOLVED="$("$PYTHON" -m training.plan "$CONFIG" "${RUN_ARGS[@]}" "${SHELL_ARGS[@]+"${SHELL_ARGS[@]}"}" --shell)" || exit 2
 eval "$RESOLVED"
 OUTPUT_DIR="$RUN_DIR"
 # A CPU accelerate file (*_cpu.yaml: the cpu and test profiles) is a CPU run wherever it runs: on a
@@ -163,11 +163,11 @@ if [[ -n "$CONFIG_STAGES" ]] && (( ! STAGE_GIVEN && ! DRY_RUN )); then
   run_stages; exit $?
 fi
 
-# GPU memory: an estimate per rank (training/memory.py) against gpu_memory_gb, before any GPU is touched.
+# GPU memory: an estimate per rank (training/plan/memory.py) against gpu_memory_gb, before any GPU is touched.
 MEMORY_ARGS=("$CONFIG" "${RUN_ARGS[@]}" --quiet --no-check-paths --memory)
 (( CPU_RUN )) || MEMORY_ARGS+=(--check-gpu-budget)
 if (( ! DRY_RUN && ! CPU_RUN )); then
-  "$PYTHON" -m training.config "${MEMORY_ARGS[@]}" >/dev/null || exit 2
+  "$PYTHON" -m training.plan "${MEMORY_ARGS[@]}" >/dev/null || exit 2
 fi
 
 # ---------------------------------------------------------------- machine checks
@@ -178,7 +178,7 @@ else
   (( VISIBLE_GPUS >= NGPU )) || machine_problem "asked for $NGPU GPUs but $VISIBLE_GPUS are visible (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-unset}); lower NGPU or free GPUs"
   GPU_IDS="${CUDA_VISIBLE_DEVICES:-$(seq -s, 0 $((NGPU - 1)))}"
 fi
-# /dev/shm: the data workers of the NGPU processes pass their batches through it (training/shared_memory.py);
+# /dev/shm: the data workers of the NGPU processes pass their batches through it (training/data/shared_memory.py);
 # too small, the first batch that does not fit would stop the run. check_shared_memory=false: a warning only.
 if [[ -n "$SHM_PROBLEM" ]]; then
   if (( CONFIG_CHECK_SHM )); then machine_problem "$SHM_PROBLEM"
@@ -222,8 +222,8 @@ if (( DEBUG )); then
 fi
 
 # ---------------------------------------------------------------- the command
-# training.launch is accelerate launch that passes the training's one-line errors and exit codes on
-LAUNCH=("$PYTHON" -m training.launch
+# training/base/launch.py is accelerate launch that passes the training's one-line errors and exit codes on
+LAUNCH=("$PYTHON" -m training.base.launch
   --config_file "$ACCELERATE_CONFIG_FILE"
   --num_processes "$TOTAL_PROCESSES" --num_machines "$NUM_MACHINES" --machine_rank "$MACHINE_RANK"
   --main_process_ip "$MASTER_ADDR" --main_process_port "$MASTER_PORT")
@@ -262,7 +262,7 @@ if (( DRY_RUN )); then
   # resolved config, memory estimate and every input problem, in one process (one torch import)
   REPORT_ARGS=("$CONFIG" "${RUN_ARGS[@]}" --quiet --dry-run-report)
   (( CPU_RUN )) || REPORT_ARGS+=(--check-gpu-budget)
-  REPORT_STATUS=0; "$PYTHON" -m training.config "${REPORT_ARGS[@]}" 2>&1 || REPORT_STATUS=$?
+  REPORT_STATUS=0; "$PYTHON" -m training.plan "${REPORT_ARGS[@]}" 2>&1 || REPORT_STATUS=$?
   case "$REPORT_STATUS" in
     0) echo "${GREEN}dry run: nothing started${RESET}"; exit 0 ;;
     1) echo "${RED}dry run: inputs are missing (listed above, each with its fix); nothing started${RESET}" ;;

@@ -37,10 +37,17 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-# plain data, importable without torch (the launcher's config check reads them there)
-from models.reference_families import (FAMILIES, FAMILY_CLASSES, IMAGENET_MEAN, IMAGENET_STD, is_valid_frame_count,
-                                       resolve_latent_space)
 from models import vae_geometry
+
+# plain data, importable without torch (the launcher's config check reads them there)
+from models.reference_families import (
+    FAMILIES,
+    FAMILY_CLASSES,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    is_valid_frame_count,
+    resolve_latent_space,
+)
 from models.vae_geometry import VAEGeometry, decoded_frames, latent_of
 from models.variants import VARIANTS, TAEHVArgs
 

@@ -14,11 +14,11 @@ to `discriminator_step` and by averaging BatchNorm running statistics (`batchnor
 from __future__ import annotations
 
 import random
+from typing import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from typing import Callable
 
 # (out channels, kernel, stride) of the six blocks
 DISCRIMINATOR_BLOCKS = ((64, 3, 1), (128, 4, 2), (256, 4, 2), (512, 4, 2), (512, 3, 1), (512, 3, 1))

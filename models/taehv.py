@@ -13,7 +13,7 @@ reads `model_info.json` beside the file for the rest; without one, a public file
 
 Frame arithmetic comes from the time factors and the chunk rule, never from literal counts. It is
 available on `TAEHVArgs` without building a model (`VARIANTS["taeh3"].latent_frame_count(22)`,
-what training/config.py should call) and on the model (`model.latent_frame_count(22)`):
+what training/config/schema.py should call) and on the model (`model.latent_frame_count(22)`):
 - `t_downscale`, `t_upscale`: 2 ** (time stages switched on) in the encoder / decoder
   (4 for most variants, 8 for taeltx*); `frames_to_trim = t_upscale - 1`;
 - `latent_frame_count(n_frames)`: latents `encode_video` returns for n frames;
@@ -49,7 +49,6 @@ from torch.utils.checkpoint import checkpoint
 
 # the variants are plain data in models/variants.py (the launcher's config check reads them without torch)
 from models.variants import BASE_LAYOUT_WIDTHS, VARIANTS, TAEHVArgs, check_args, resolve_args
-
 
 # --------------------------------------------------------------------------------------------
 # Building blocks (module attribute names define the state-dict keys: do not rename)

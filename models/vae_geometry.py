@@ -11,7 +11,7 @@ not depend on the weights) and encodes 1..17 frames of 64x64 once each, decoding
   (Allegro), or has no Gaussian to sample (Cosmos: its latent is the distribution's mode);
 - the latent spaces its config or buffers define: `scaling_factor` (scaled), `latents_mean` and
   `latents_std` of one value per channel (normalized).
-The result is cached in ~/.cache/taehv/vae_geometry.json (training/measure_cache.py) by the config
+The result is cached in ~/.cache/taehv/vae_geometry.json (models/measure_cache.py) by the config
 and this file's code, so a launch measures once per machine. Plain data and the student's shape need no torch; only the
 measurement imports it.
 """
@@ -24,7 +24,7 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from models.variants import TAEHVArgs, VARIANTS, public_variant_like, time_flags
+from models.variants import VARIANTS, TAEHVArgs, public_variant_like, time_flags
 
 MEASURED_FRAMES = tuple(range(1, 18))  # consecutive counts: whole runs of up to 8 frames per latent
 SIDE = 64
@@ -195,7 +195,7 @@ def geometry_key(config: dict) -> str:
 
 def geometry_of(path: str) -> VAEGeometry:
     """The measured geometry of the VAE at `path`, from the cache when measured before."""
-    from training.measure_cache import cached
+    from models.measure_cache import cached
 
     config = read_vae_config(path)
     return VAEGeometry.from_json_dict(cached("vae_geometry", geometry_key(config),

@@ -26,7 +26,7 @@ at its shape, precision and loss terms, instead of the sections above:
     python -m scripts.benchmark --profile h100 --dry-run     # FLOPs of the whole step, nothing run
     python -m scripts.benchmark --profile h100 --json h100.json   # on a GPU: timed, clips/s, MFU
 
-FLOPs per part (training/step_flops.py: student, LPIPS, Seraena, reference VAE) and of the
+FLOPs per part (training/plan/step_flops.py: student, LPIPS, Seraena, reference VAE) and of the
 student alone; the timed step runs the loop's own forward_losses/add_seraena_term, backward and
 AdamW in the training dtype, with the reference VAE's published architecture (random weights) in
 bf16 on the fly, or without it (`--latents cached`, as with a latent cache). MFU is given against
@@ -86,7 +86,7 @@ def measured_peak_flops(device: torch.device, dtypes: tuple = (), repeats: int =
     the student's width (cuDNN; oneDNN on CPU, whose AVX-512 kernels ran 15-30% above MKL's fp32
     matmul on the 2-core AMD EPYC the CPU numbers come from). Call it before and after the timed
     step and keep the larger: one sample on a shared machine can fall in someone else's burst."""
-    from training.step_flops import count_flops
+    from training.plan.step_flops import count_flops
 
     cuda = device.type == "cuda"
     n = 8192 if cuda else 2048
@@ -140,7 +140,8 @@ def reference_vae_module(args):
 
 def phase_times(args, device: torch.device) -> dict:
     from models.reference_vae import ReferenceVAE
-    from training.distill import SeraenaState, aligned
+    from training.step.losses import aligned
+    from training.step.seraena import SeraenaState
 
     torch.manual_seed(0)
     student = TAEHV(args.variant).to(device).train()
@@ -174,8 +175,8 @@ def phase_times(args, device: torch.device) -> dict:
 
 
 def student_flops(args, device: torch.device) -> float:
-    """Forward and backward of the timed student, counted as training/step_flops.py counts."""
-    from training.step_flops import count_flops
+    """Forward and backward of the timed student, counted as training/plan/step_flops.py counts."""
+    from training.plan.step_flops import count_flops
 
     student = TAEHV(args.variant).to(device).train()
     video = torch.rand(args.batch, args.frames, 3, args.height, args.width, device=device)
@@ -224,8 +225,8 @@ def distillation_step_times(args, device: torch.device, data_root: Path) -> dict
 
     from models.reference_families import valid_frame_counts
     from models.reference_vae import ReferenceVAE
-    from training.distill import Student, compute_losses
-    from training.latent_cache import CachedClipDataset
+    from training.data.latent_cache import CachedClipDataset
+    from training.step.losses import Student, compute_losses
 
     frames = min(n for n in valid_frame_counts(args.ref_vae, 200) if n >= args.frames)
     with tempfile.TemporaryDirectory() as folder:
@@ -292,7 +293,7 @@ def spec_peak_flops(device: torch.device) -> tuple[float | None, str]:
 
 
 def profile_config(args):
-    from training.config import load_config
+    from training.config.load import load_config
 
     return load_config(args.profile, list(args.set), check_paths=False)
 
@@ -307,9 +308,9 @@ def profile_step_time(config, device: torch.device, steps: int, cached_latents: 
 
     from models.metrics import LPIPS
     from models.reference_vae import ReferenceVAE, reference_architecture
-    from training.config import measured_geometry
-    from training.builders import build_model, build_seraena, configure_cuda
-    from training.distill import add_seraena_term, forward_losses
+    from training.config.views import measured_geometry
+    from training.loop.build import build_model, build_seraena, configure_cuda
+    from training.step.losses import add_seraena_term, forward_losses
 
     configure_cuda(config)
     dtype = torch.bfloat16 if config.mixed_precision == "bf16" else torch.float32
@@ -345,7 +346,7 @@ def profile_step_time(config, device: torch.device, steps: int, cached_latents: 
 
 
 def profile_benchmark(args) -> dict:
-    from training.step_flops import step_flops
+    from training.plan.step_flops import step_flops
 
     config = profile_config(args)
     cached = args.latents == "cached"
@@ -505,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
         "bare_step_variants_s": bare_step_variants(args, device),
     }
     if not args.data_root.is_dir():
-        from scripts.make_sample_videos import make_sample_videos
+        from training.data.synthetic_clips import make_sample_videos
 
         make_sample_videos(args.data_root)
     if args.ref_vae != "none":

@@ -10,7 +10,7 @@ frames/s (frames the decoder produced, from the keyframe before each start). `ra
 one worker's decoded frames/s over the raw rate: the pipeline's overhead on top of decoding. Then the resident and private memory of a loader worker
 whose dataset holds a one-million-entry index.
 
-Decode budget (`core_s_per_clip`, read by the dry run through training/decode_budget.py): 1080p
+Decode budget (`core_s_per_clip`, read by the dry run through training/plan/decode_budget.py): 1080p
 H.264 sources with x264's default keyframe interval (250) made here (`raw`), and the same after
 scripts/prepare_dataset.py (`prepared`); training clips drawn at the h100 profile's clip shape in
 this process, one decoder thread, one torch thread: CPU seconds per clip (one core) and clips/s
@@ -33,9 +33,10 @@ import psutil
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from scripts.make_sample_videos import render_clip, write_clip
+from training.data.synthetic_clips import render_clip, write_clip
 from scripts.results import emit_result
-from training.dataset import ClipIndex, ClipSpec, EpochShardSampler, VideoClipDataset, read_index
+from training.data.clips import ClipSpec, EpochShardSampler, VideoClipDataset
+from training.data.index import ClipIndex, read_index
 
 SHARED_VIDEOS = Path(__file__).resolve().parents[2] / "shared" / "data" / "videos"
 
@@ -161,7 +162,7 @@ def clip_cost(index: ClipIndex, spec: ClipSpec, clips: int) -> dict:
 
 def decode_cost(scratch: Path, sources: int, frames: int, clips: int) -> dict:
     from scripts.prepare_dataset import prepare_dataset
-    from training.config import load_config
+    from training.config.load import load_config
 
     config = load_config("h100", num_processes=8, check_paths=False)
     spec = ClipSpec(config.n_frames, config.height, config.width, config.min_frame_delta, config.max_frame_delta,

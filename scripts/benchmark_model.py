@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from models.taehv import VARIANTS, TAEHV
+from models.taehv import TAEHV, VARIANTS
 from scripts.results import emit_result
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

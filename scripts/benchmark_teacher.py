@@ -20,7 +20,7 @@ import torch
 
 from models.reference_vae import ReferenceVAE, reference_architecture, tiny_reference_vae_config, vae_class
 from scripts.results import emit_result
-from training.config import load_config
+from training.config.load import load_config
 
 
 def timed_encode(reference: ReferenceVAE, video: torch.Tensor, warmup: int, repeats: int) -> float:

@@ -20,9 +20,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from training.dataset import ClipError, probe_video, scan_videos
-from training.launch import die_with_parent
-from training.prepare_once import unique_temporary
+from training.base.files import unique_temporary
+from training.base.launch import die_with_parent
+from training.data.decode import ClipError
+from training.data.index import probe_video, scan_videos
 
 
 def file_signature(path: Path) -> tuple[int, int]:

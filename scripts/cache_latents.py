@@ -1,4 +1,4 @@
-"""Run the reference VAE once over a dataset and store its latents (training/latent_cache.py), so
+"""Run the reference VAE once over a dataset and store its latents (training/data/latent_cache.py), so
 training reads them instead of running the teacher every step.
 
     accelerate launch --num_processes 8 -m scripts.cache_latents h100 --out /data/cache [--epochs 4]
@@ -22,10 +22,14 @@ from pathlib import Path
 
 import torch
 
-from training.config import ConfigError, latent_space, load_config, measured_geometry
-from training.dataset import DataFailureError, IndexFormatError, collate_clips
-from training.latent_cache import DTYPES, FORMAT_VERSION, SPLITS, CacheError, shard_path, write_shard
-from training.prepare_once import unique_temporary
+from training.base.files import unique_temporary
+from training.base.latent_format import FORMAT_VERSION, SPLITS, CacheError
+from training.config.load import load_config
+from training.config.schema import ConfigError
+from training.config.views import latent_space, measured_geometry
+from training.data.clips import DataFailureError, collate_clips
+from training.data.index import IndexFormatError
+from training.data.latent_cache import DTYPES, shard_path, write_shard
 
 SETTINGS = ("ref_vae_family", "ref_vae_path", "height", "width", "n_frames", "min_frame_delta", "max_frame_delta",
             "horizontal_flip", "short_clip_policy", "seed", "data_root", "index_path", "validation_fraction")
@@ -124,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("use_ref_vae=false: autoencoder mode has no reference latents to cache")
         if config.crop_min_side:
             raise ConfigError(f"crop_min_side={config.crop_min_side}: a cache stores one crop per clip; cache with crop_min_side=0")
-        from training.builders import build_datasets
+        from training.loop.build import build_datasets
 
         datasets = dict(zip(SPLITS, build_datasets(config)))
     except (ConfigError, CacheError, DataFailureError, IndexFormatError) as error:

@@ -22,8 +22,8 @@ import torch
 
 from models.taehv import TAEHV, args_metadata, write_model_info
 from models.variants import TAEHVArgs
-from training.checkpoints import read_state
-from training.elastic import FULL_STATE
+from training.run.checkpoint_files import read_state
+from training.run.elastic import FULL_STATE
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -4,7 +4,7 @@
 
 The result holds `overrides = dict(...)`, one line per key with the old key (and why a value
 changed) as a comment, and resolves with training.config.load_config to the same config as the
-old file (training/legacy_config.py does the mapping). Without -o it is printed. An existing
+old file (training/config/legacy.py does the mapping). Without -o it is printed. An existing
 output is kept unless --force; the file is written under a temporary name and renamed.
 """
 
@@ -20,8 +20,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from training.config import ConfigError  # noqa: E402
-from training.legacy_config import convert_legacy_args, is_legacy_namespace  # noqa: E402
+from training.config.legacy import convert_legacy_args, is_legacy_namespace  # noqa: E402
+from training.config.schema import ConfigError  # noqa: E402
 
 
 def profile_module_text(old_path: Path) -> tuple[str, list[str]]:

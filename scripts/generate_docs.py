@@ -5,7 +5,7 @@
 
 A generated part sits between `<!-- generated: NAME -->` and `<!-- end generated -->` in a doc;
 NAME is a key of GENERATORS. docs/configuration.md as a whole comes from
-`python -m training.config --markdown` (tests/test_config.py checks it).
+`python -m training.plan --markdown` (tests/test_config.py checks it).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ MEMORY_PROFILES = (("1gpu_h100", 1), ("h100", 8), ("16gpu_h100", 16), ("64gpu_h1
 
 
 def memory_table() -> str:
-    """docs/performance.md: the dry run's estimate per rank for each GPU profile (training/memory.py)."""
-    from training.config import load_config
-    from training.memory import HEADROOM, estimate_memory
+    """docs/performance.md: the dry run's estimate per rank for each GPU profile (training/plan/memory.py)."""
+    from training.config.load import load_config
+    from training.plan.memory import HEADROOM, estimate_memory
 
     lines = ["| profile | training step, measured (GB) | GPU per rank (GB, of 80) | host per rank (GB) | checkpoint folder (GB, all ranks) |",
              "|---|---|---|---|---|"]
@@ -38,10 +38,10 @@ def memory_table() -> str:
 
 
 def flops_table() -> str:
-    """docs/performance.md: FLOPs of one h100 micro-step per GPU by part (training/step_flops.py,
+    """docs/performance.md: FLOPs of one h100 micro-step per GPU by part (training/plan/step_flops.py,
     as `python -m scripts.benchmark --profile h100 --dry-run` prints them) and the ceilings."""
-    from training.config import load_config
-    from training.step_flops import step_flops
+    from training.config.load import load_config
+    from training.plan.step_flops import step_flops
 
     spec_peak = 989e12  # H100 SXM, dense bf16 (scripts/benchmark.py SPEC_PEAK_FLOPS)
     config = load_config("h100", num_processes=8, check_paths=False)
@@ -66,8 +66,8 @@ def decode_cost_table() -> str:
     """docs/data.md: the decode budget from docs/data_benchmark.json (scripts/benchmark_data.py)."""
     import json
 
-    from training.decode_budget import ASSUMED_MFU, BENCHMARK, expected_clips_per_s
-    from training.config import load_config
+    from training.config.load import load_config
+    from training.plan.decode_budget import ASSUMED_MFU, BENCHMARK, expected_clips_per_s
 
     measured = json.loads(BENCHMARK.read_text())
     rate = expected_clips_per_s(load_config("h100", num_processes=8, check_paths=False))

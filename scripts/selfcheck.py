@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from models.taehv import VARIANTS, TAEHV, parameter_count
-from training.dataset import read_clip, resize_and_crop
+from models.taehv import TAEHV, VARIANTS, parameter_count
+from training.data.decode import read_clip, resize_and_crop
 
 SHARED_VIDEO = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "videos" / "bear.mp4"
 

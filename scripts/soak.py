@@ -96,7 +96,7 @@ def processes_of(pid: int, role: str) -> list:
             command = " ".join(process.cmdline())
         except Exception:  # exited while being listed
             continue
-        is_agent = "training.launch" in command  # the launchers run accelerate launch through training/launch.py
+        is_agent = "training.base.launch" in command  # the launchers run accelerate launch through training/base/launch.py
         if "taehv_train.py" in command and is_agent == (role == "agent"):
             found.append(process)
     return found
@@ -259,7 +259,7 @@ def run_cycle(work: Path, number: int, clips: Path, max_steps: int, reference: d
 
 
 def soak(minutes: float, seed: int, max_steps: int, work: Path, max_faults: int | None = None) -> dict:
-    from scripts.make_sample_videos import make_sample_videos
+    from training.data.synthetic_clips import make_sample_videos
 
     started = time.monotonic()
     clips = work / "clips"

@@ -118,7 +118,8 @@ def check_codecs(report: Report) -> None:
 
 
 def check_config(report: Report, profile: str, ngpu: int, overrides: list[str]):
-    from training.config import ConfigError, load_config
+    from training.config.load import load_config
+    from training.config.schema import ConfigError
 
     try:
         config = load_config(profile, overrides, num_processes=ngpu)
@@ -132,8 +133,9 @@ def check_config(report: Report, profile: str, ngpu: int, overrides: list[str]):
 def check_data(report: Report, config) -> None:
     import random
 
-    from training.dataset import ClipError, IndexFormatError, read_clip, read_index
-    from training.storage import ObjectStore, StorageUnavailable, is_remote
+    from training.base.storage import ObjectStore, StorageUnavailable, is_remote
+    from training.data.decode import ClipError, read_clip
+    from training.data.index import IndexFormatError, read_index
 
     root = config.data_root
     if is_remote(root):
@@ -151,7 +153,7 @@ def check_data(report: Report, config) -> None:
         report.add("FAIL", "dataset", str(error))
         return
     if len(index) < 2:
-        from training.config import too_few_clips
+        from training.config.inputs import too_few_clips
 
         report.add("FAIL", "dataset", too_few_clips(root, len(index)))
         return
@@ -193,7 +195,8 @@ def check_disk(report: Report, config) -> None:
 
 def config_without_path_checks(profile: str, ngpu: int, overrides: list[str]):
     """The config when only its paths fail (the config row says which), else None."""
-    from training.config import ConfigError, load_config
+    from training.config.load import load_config
+    from training.config.schema import ConfigError
 
     try:
         return load_config(profile, overrides, num_processes=ngpu, check_paths=False)
@@ -202,8 +205,8 @@ def config_without_path_checks(profile: str, ngpu: int, overrides: list[str]):
 
 
 def check_shared_memory(report: Report, config, processes_per_node: int) -> None:
-    """/dev/shm against what the data loaders of this node's processes hold in it (training/shared_memory.py)."""
-    from training.shared_memory import need_text, shared_memory_problem, shm_space, space_text
+    """/dev/shm against what the data loaders of this node's processes hold in it (training/data/shared_memory.py)."""
+    from training.data.shared_memory import need_text, shared_memory_problem, shm_space, space_text
 
     if config.num_workers == 0:
         report.add("PASS", "shared memory", "num_workers=0: the data loader uses none")

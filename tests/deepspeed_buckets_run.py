@@ -11,8 +11,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training.builders import build_accelerator, build_model, build_optimizer, check_deepspeed_batch  # noqa: E402
-from training.config import load_config  # noqa: E402
+from training.config.load import load_config  # noqa: E402
+from training.loop.build import build_accelerator, build_model, check_deepspeed_batch  # noqa: E402
+from training.step.optimizer import build_optimizer  # noqa: E402
 
 config = load_config("test", ["accelerate_config=deepspeed_1gpu.yaml"], num_processes=1, check_paths=False)
 accelerator = build_accelerator(config, Path(sys.argv[1]))

@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-import training.taehv_train as loop  # noqa: E402
+import training.loop.train as loop  # noqa: E402
 
 READS = ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__")
 steps: list[list[str]] = []  # one list of reads per micro-step

@@ -9,10 +9,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training.builders import build_accelerator, build_model  # noqa: E402
-from training.checkpoints import full_state_dict, weights_fingerprint  # noqa: E402
-from training.config import load_config  # noqa: E402
-from training.distill import PartitionedEMA, WeightEMA  # noqa: E402
+from training.config.load import load_config  # noqa: E402
+from training.loop.build import build_accelerator, build_model  # noqa: E402
+from training.step.ema import PartitionedEMA, WeightEMA  # noqa: E402
+from training.step.weights import full_state_dict, weights_fingerprint  # noqa: E402
 
 config = load_config("test", ["accelerate_config=deepspeed_cpu.yaml"], num_processes=2, check_paths=False)
 accelerator = build_accelerator(config, Path(sys.argv[1]))

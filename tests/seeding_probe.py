@@ -44,7 +44,7 @@ for module in (torch, torch.random):
 for name in ("manual_seed", "manual_seed_all", "seed", "seed_all"):
     record(torch.cuda, name)
 
-from training.taehv_train import main  # noqa: E402
+from training.loop.train import main  # noqa: E402
 
 code = main(sys.argv[1:])
 print("SEEDING " + json.dumps({"exit_code": code, "per_rank_seeding_done": per_rank_seeding_done, "calls": calls}))

@@ -13,7 +13,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import REPO_ROOT, free_port
 
 diffusers = pytest.importorskip("diffusers")
@@ -75,7 +74,8 @@ def test_each_class_is_measured_and_gets_a_student_of_its_shape(name, vae_folder
 
 
 def test_a_time_factor_the_student_cannot_take_is_refused_in_one_line(vae_folders):
-    from training.config import ConfigError, load_config
+    from training.config.load import load_config
+    from training.config.schema import ConfigError
 
     with pytest.raises(ConfigError) as refused:
         load_config("test", ["use_ref_vae=true", f"ref_vae_path={vae_folders / 'AutoencoderKLMochi'}", "model_variant=auto",
@@ -98,7 +98,8 @@ def test_the_launcher_refuses_it_in_one_line_before_any_run_folder_exists(vae_fo
 
 
 def test_a_named_variant_that_does_not_fit_a_measured_vae_names_what_was_measured(vae_folders):
-    from training.config import ConfigError, load_config
+    from training.config.load import load_config
+    from training.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match=r"model_variant=taehv \(16 latent channels.*AutoencoderVidTok: 4 latent "
                                           r"channels.*use model_variant=auto"):
@@ -107,7 +108,7 @@ def test_a_named_variant_that_does_not_fit_a_measured_vae_names_what_was_measure
 
 def test_auto_names_the_family_of_a_named_class_and_its_public_student(tmp_path):
     from models.reference_vae import tiny_reference_vae
-    from training.config import load_config
+    from training.config.load import load_config
 
     tiny_reference_vae("wan", "2.2").save_pretrained(str(tmp_path / "wan22" / "vae"))
     config = load_config("test", ["use_ref_vae=true", f"ref_vae_path={tmp_path / 'wan22'}", "model_variant=auto",

@@ -10,9 +10,9 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO_ROOT, free_port
-from training.taehv_train import main as train_main
+
+from training.loop.train import main as train_main
 
 
 def launch(args, tmp_path):
@@ -42,7 +42,7 @@ def fake_checkpoint(run_dir, step=2, **contract):
 @pytest.mark.parametrize("processes", ["1", "2"])
 def test_empty_data_folder_is_one_line_exit_3_and_writes_no_run_folder(tmp_path, processes):
     """The training's own line and exit code reach the terminal, not accelerate's or torchrun's
-    report (training/launch.py); a start that fails its inputs creates no run folder."""
+    report (training/base/launch.py); a start that fails its inputs creates no run folder."""
     (tmp_path / "empty").mkdir()
     run_dir = tmp_path / "run"
     result = launch([processes, "test", "--output-dir", str(run_dir), "--set", f"data_root={tmp_path / 'empty'}"], tmp_path)
@@ -55,7 +55,7 @@ def test_a_folder_of_fewer_than_two_clips_is_named_by_the_dry_run_and_stops_the_
     """One clip would leave the training or the validation split empty: the dry run names the folder
     (exit 1, as for any missing input), and the launch stops with exit 3 and the real cause,
     writing no run folder."""
-    from scripts.make_sample_videos import make_sample_videos
+    from training.data.synthetic_clips import make_sample_videos
 
     clips = tmp_path / "clips"
     make_sample_videos(clips, count=1, n_frames=12)
@@ -88,7 +88,7 @@ def test_a_crash_the_training_did_not_explain_names_the_rank_and_keeps_torchruns
     script.write_text("import os, signal, sys\nfrom pathlib import Path\n"
                       "Path(sys.argv[2], 'train.log').write_text('started\\n')\n"
                       "if os.environ['RANK'] == '1':\n    os.kill(os.getpid(), signal.SIGKILL)\n")
-    code = subprocess.run([sys.executable, "-m", "training.launch", "--config_file", str(REPO_ROOT / "accelerate_configs" / "ddp_cpu.yaml"),
+    code = subprocess.run([sys.executable, "-m", "training.base.launch", "--config_file", str(REPO_ROOT / "accelerate_configs" / "ddp_cpu.yaml"),
                            "--num_processes", "2", "--main_process_port", str(free_port()), str(script), "--output-dir", str(run_dir)],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert code.returncode == 128 + 9, code.stderr[-3000:]

@@ -9,10 +9,10 @@ import sys
 
 import pytest
 import torch
-
 from conftest import REPO_ROOT, free_port
-from training.config import load_config
-from training.memory import estimate_memory
+
+from training.config.load import load_config
+from training.plan.memory import estimate_memory
 
 
 def test_the_estimate_gives_one_checkpoint_and_the_kept_set_and_names_the_replay_buffers():
@@ -29,7 +29,7 @@ def test_the_estimate_gives_one_checkpoint_and_the_kept_set_and_names_the_replay
 
 @pytest.fixture(scope="module")
 def synthetic_clips(tmp_path_factory):
-    from scripts.make_sample_videos import make_sample_videos
+    from training.data.synthetic_clips import make_sample_videos
 
     folder = tmp_path_factory.mktemp("synthetic")
     make_sample_videos(folder, count=6, n_frames=24)

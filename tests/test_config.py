@@ -1,17 +1,12 @@
 import json
 
 import pytest
-
 from conftest import REPO_ROOT
-from training.config import (
-    SETTABLE_KEYS,
-    ConfigError,
-    available_profiles,
-    input_problems,
-    configuration_markdown,
-    load_config,
-    write_resolved_config,
-)
+
+from training.config.docs import configuration_markdown
+from training.config.inputs import input_problems
+from training.config.load import available_profiles, load_config, write_resolved_config
+from training.config.schema import SETTABLE_KEYS, ConfigError
 
 PRODUCTION = {"1gpu_h100": 1, "h100": 8, "16gpu_h100": 16, "64gpu_h100": 64, "a800": 8}
 
@@ -28,7 +23,7 @@ def test_every_profile_resolves_for_each_supported_process_count():
 def test_production_profiles_have_the_values_users_run():
     expected = {  # profile: (processes, ZeRO, batch/GPU, accumulation, global batch, LR, NCCL timeout)
         "1gpu_h100": (1, 2, 4, 32, 128, 1e-4, 1800),
-        "h100": (8, 2, 4, 4, 128, 1e-4, 3600),  # 8 clips per micro-step measure 84 GB (training/memory.py)
+        "h100": (8, 2, 4, 4, 128, 1e-4, 3600),  # 8 clips per micro-step measure 84 GB (training/plan/memory.py)
         "16gpu_h100": (16, 2, 4, 2, 128, 1e-4, 7200),
         "64gpu_h100": (64, 2, 4, 1, 256, 2e-4, 14400),
         "a800": (8, 2, 2, 8, 128, 1e-4, 3600),
@@ -164,7 +159,7 @@ def test_resolved_config_round_trips(tmp_path):
 
 def test_configuration_doc_is_current():
     document = (REPO_ROOT / "docs" / "configuration.md").read_text()
-    assert document == configuration_markdown(), "run: python -m training.config --markdown > docs/configuration.md"
+    assert document == configuration_markdown(), "run: python -m training.plan --markdown > docs/configuration.md"
 
 
 def test_a_data_root_the_user_names_gets_no_sample_clips(tmp_path):

@@ -8,23 +8,21 @@ import av
 import numpy as np
 import pytest
 import torch
+from conftest import REPO_ROOT, SAMPLE_VIDEOS
 from torch.utils.data import DataLoader
 
-from conftest import REPO_ROOT, SAMPLE_VIDEOS
 from scripts.build_index import build_index
-from scripts.make_sample_videos import make_sample_videos
-from training.dataset import (
-    ClipIndex,
+from training.data.synthetic_clips import make_sample_videos
+from training.data.clips import (
     ClipSpec,
     DataFailureError,
     EpochShardSampler,
     FailureTracker,
-    IndexFormatError,
     VideoClipDataset,
     collate_clips,
-    decode_frames,
-    read_index,
 )
+from training.data.decode import decode_frames
+from training.data.index import ClipIndex, IndexFormatError, read_index
 
 needs_samples = pytest.mark.skipif(not SAMPLE_VIDEOS.is_dir(), reason="../shared/data/videos not present")
 
@@ -73,7 +71,7 @@ def test_rotation_short_clip_loop_and_mkv():
     assert rotated.shape == (13, 3, 64, 48)  # 3 frames looped to 13
     decoded = decode_frames(SAMPLE_VIDEOS / "rotated_90.mov", [0])
     assert decoded.rotation % 180 != 0 and decoded.frames[0].shape[:2] == (320, 568)  # stored landscape...
-    from training.dataset import read_clip
+    from training.data.decode import read_clip
 
     clip, _, _ = read_clip(SAMPLE_VIDEOS / "rotated_90.mov", 3, 3, 1, 1, random.Random(0), False)
     assert clip.shape[1:3] == (568, 320)  # ...comes out portrait
@@ -85,7 +83,7 @@ def test_rotation_short_clip_loop_and_mkv():
 
 @needs_samples
 def test_wrong_header_count_does_not_break_sampling():
-    from training.dataset import read_clip
+    from training.data.decode import read_clip
 
     # teddy.mp4 claims 142 frames and has 141: windows that end on the last frame still decode
     for seed in range(20):
@@ -232,7 +230,7 @@ def test_split_is_stable_when_files_are_added():
 
 def test_preview_tool_json(tmp_path, sample_clips):
     completed = subprocess.run(
-        [sys.executable, "-m", "training.dataset", str(sample_clips), "--height", "32", "--width", "48",
+        [sys.executable, "-m", "training.data.preview", str(sample_clips), "--height", "32", "--width", "48",
          "--n-frames", "8", "--out", str(tmp_path / "strips"), "--json"],
         cwd=REPO_ROOT, capture_output=True, text=True,
     )

@@ -15,10 +15,8 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
 from conftest import REPO_ROOT, SHARED, free_port
 
 RUNNABLE_DOCS = ["README.md", "docs/quickstart.md", "docs/launching.md", "docs/training.md", "docs/performance.md",

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 import torch
-
 from conftest import REPO_ROOT, free_port, needs_compiler
-from scripts.make_sample_videos import make_sample_videos
+
+from training.data.synthetic_clips import make_sample_videos
 
 pytestmark = needs_compiler  # every test here runs DeepSpeed on CPU
 

@@ -6,13 +6,14 @@ import random
 
 import pytest
 import torch
-
 from conftest import SAMPLE_VIDEOS
+
 from models.metrics import LPIPS
-from training.builders import build_model
-from training.config import ConfigError, load_config
-from training.dataset import read_clip
-from training.distill import compute_losses
+from training.config.load import load_config
+from training.config.schema import ConfigError
+from training.data.decode import read_clip
+from training.loop.build import build_model
+from training.step.losses import compute_losses
 
 
 def losses_over_three_steps(overrides: list[str], mixed_precision: str = "", device: str = "cpu") -> list[dict]:

@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 
 from scripts.benchmark import free_port
-from training.faults import is_memory_error, is_peer_gone, set_collective_timeout
+from training.base.failures import is_memory_error, is_peer_gone, set_collective_timeout
 
 
 def test_memory_errors_include_cudnn_and_cublas_allocation_failures_only():
@@ -44,7 +44,7 @@ def test_the_collective_timeout_reaches_every_process_group(monkeypatch):
 def test_an_nccl_watchdog_abort_is_explained_with_the_runs_timeouts(tmp_path):
     """On NCCL the watchdog aborts a rank (SIGABRT) before the training can print its line: the
     launcher's line says which timeouts applied, read from the run folder."""
-    from training.launch import watchdog_reason
+    from training.base.launch import watchdog_reason
 
     (tmp_path / "resolved_config.json").write_text('{"step_timeout_s": 60, "nccl_timeout_s": 1800}')
     assert "step_timeout_s=60 after the first step, nccl_timeout_s=1800 until then" in watchdog_reason(tmp_path)

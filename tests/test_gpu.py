@@ -10,7 +10,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import REPO_ROOT, free_port
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
@@ -24,7 +23,7 @@ MEMORY_CHECK_SETS = ["accelerate_config=deepspeed_1gpu.yaml", "height=256", "wid
 
 @pytest.fixture(scope="module")
 def clips(tmp_path_factory):
-    from scripts.make_sample_videos import make_sample_videos
+    from training.data.synthetic_clips import make_sample_videos
 
     folder = tmp_path_factory.mktemp("clips")
     make_sample_videos(folder, count=6, n_frames=24)
@@ -52,8 +51,9 @@ def test_bf16_deepspeed_steps_and_a_real_out_of_memory_skipped_on_one_gpu(clips,
 
 
 def test_fused_adamw_tf32_and_cudnn_benchmark():
-    from training.builders import build_model, build_optimizer, configure_cuda
-    from training.config import load_config
+    from training.config.load import load_config
+    from training.loop.build import build_model, configure_cuda
+    from training.step.optimizer import build_optimizer
 
     config = load_config("test", check_paths=False)
     configure_cuda(config)
@@ -73,7 +73,7 @@ def test_fast_path_keys_give_the_default_losses_on_cuda(overrides):
 
 
 def test_memory_estimate_within_15_percent_of_the_measured_peak(clips, tmp_path):
-    """The estimate per rank (training/memory.py) against the run's peak torch.cuda memory
+    """The estimate per rank (training/plan/memory.py) against the run's peak torch.cuda memory
     (train/peak_memory_gb: max_memory_allocated over a log interval, which holds no CUDA context),
     in the intervals after the first: the first holds cuDNN's autotuning, which tries algorithms
     with whatever workspace is free (and skips those that do not fit, so it never runs a rank out
@@ -81,8 +81,8 @@ def test_memory_estimate_within_15_percent_of_the_measured_peak(clips, tmp_path)
     context) are within 15% of that peak from below, and with the allowance within 15% from above."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from training.config import load_config
-    from training.memory import estimate_memory
+    from training.config.load import load_config
+    from training.plan.memory import estimate_memory
 
     sets = MEMORY_CHECK_SETS + [f"data_root={clips}"]
     run_dir = tmp_path / "run"

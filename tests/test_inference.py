@@ -10,13 +10,14 @@ import sys
 
 import pytest
 import torch
-
 from conftest import REPO_ROOT, SAMPLE_VIDEOS, free_port
+
 from models.metrics import psnr, save_random_lpips_weights, ssim, temporal_error
 from models.reference_vae import tiny_reference_vae_config, vae_class
 from models.taehv import TAEHV
-from scripts.make_sample_videos import make_sample_videos
-from training.dataset import read_clip, read_index, resize_and_crop
+from training.data.synthetic_clips import make_sample_videos
+from training.data.decode import read_clip, resize_and_crop
+from training.data.index import read_index
 
 
 @pytest.fixture(scope="module")

@@ -10,15 +10,17 @@ import sys
 
 import pytest
 import torch
-
 from conftest import REPO_ROOT, free_port
+
 from models.reference_vae import load_reference_vae, tiny_reference_vae_config, vae_class
-from training.config import ConfigError, load_config
-from training.latent_cache import CachedClipDataset, shard_path
+from training.config.load import load_config
+from training.config.schema import ConfigError
+from training.data.latent_cache import CachedClipDataset, shard_path
+
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from scripts.make_sample_videos import make_sample_videos
+    from training.data.synthetic_clips import make_sample_videos
 
     root = tmp_path_factory.mktemp("cache_setup")
     torch.manual_seed(0)
@@ -49,7 +51,7 @@ def test_two_processes_write_the_clips_and_latents_training_would_draw(setup, tm
     meta = json.loads((tmp_path / "cache" / "cache.json").read_text())
     assert meta["complete"] and meta["splits"]["train"] == {"samples": 10, "shards": 5}
 
-    from training.builders import build_datasets
+    from training.loop.build import build_datasets
 
     config = load_config("test", sets, num_processes=1)
     on_the_fly, _ = build_datasets(config)
@@ -135,7 +137,8 @@ def test_training_from_the_cache_logs_the_losses_of_training_on_the_fly(setup, t
 
 
 def test_a_shard_that_cannot_be_written_is_a_one_line_error_and_leaves_no_temporary_file(tmp_path):
-    from training.latent_cache import CacheError, write_shard
+    from training.base.latent_format import CacheError
+    from training.data.latent_cache import write_shard
 
     (tmp_path / "train").write_text("a file where the split folder should be")
     with pytest.raises(CacheError, match=r"cannot write .*shard-000000.pt .*re-run the same command"):

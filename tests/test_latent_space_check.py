@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from models.reference_vae import ReferenceVAE, tiny_reference_vae_config, vae_class
-from training.latent_space_check import latent_space_problem, latent_space_report
+from training.loop.latent_space_check import latent_space_problem, latent_space_report
 
 
 class SpeaksOneSpace(torch.nn.Module):

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO_ROOT, free_port, needs_compiler
+
 from models.metrics import save_random_lpips_weights
 from models.taehv import TAEHV
 
@@ -30,7 +30,7 @@ def run(args, env_extra=None, timeout=300, cwd=REPO_ROOT):
 
 @pytest.fixture(scope="session")
 def synthetic_clips(tmp_path_factory) -> Path:
-    from scripts.make_sample_videos import make_sample_videos
+    from training.data.synthetic_clips import make_sample_videos
 
     folder = tmp_path_factory.mktemp("synthetic")
     make_sample_videos(folder, count=6, n_frames=24)
@@ -178,14 +178,14 @@ def test_deepspeed_on_cpu_without_a_compiler_is_refused_in_one_line(tmp_path):
 
 
 def python_seeing_one_gpu(folder: Path) -> Path:
-    """A `python` for the launcher's PYTHON whose training.config.visible_gpu_count answers 1 (what
+    """A `python` for the launcher's PYTHON whose training.plan.cli.visible_gpu_count answers 1 (what
     torch says on a 1-GPU machine): the launcher's plan for a CUDA machine, made on this one."""
     fake = folder / "python_with_one_gpu"
     fake.write_text(f"""#!{sys.executable}
 import runpy, sys
 sys.path.insert(0, {str(REPO_ROOT)!r})
-import training.config
-training.config.visible_gpu_count = lambda: 1
+import training.plan.cli
+training.plan.cli.visible_gpu_count = lambda: 1
 option, *rest = sys.argv[1:]
 if option == "-m":
     sys.argv = rest

@@ -13,10 +13,12 @@ import torch
 pytest.importorskip("easydict", reason="easydict (requirements.txt) is what old-style config files import")
 
 from conftest import REPO_ROOT, free_port  # noqa: E402
+
 from models.metrics import save_random_lpips_weights  # noqa: E402
 from models.taehv import TAEHV  # noqa: E402
-from training.config import ConfigError, load_config, profile_overrides  # noqa: E402
-from training.legacy_config import legacy_overrides  # noqa: E402
+from training.config.legacy import legacy_overrides  # noqa: E402
+from training.config.load import load_config, profile_overrides  # noqa: E402
+from training.config.schema import ConfigError  # noqa: E402
 
 LAUNCHER = str(REPO_ROOT / "train_taehv_h100.sh")
 CONVERTER = str(REPO_ROOT / "scripts" / "convert_config.py")

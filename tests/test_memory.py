@@ -1,4 +1,4 @@
-"""The memory estimate (training/memory.py): the step measured on fake tensors against the same
+"""The memory estimate (training/plan/memory.py): the step measured on fake tensors against the same
 step on real ones, every shipped GPU profile within 90% of its device, and a profile that does
 not fit refused with the fix."""
 
@@ -9,10 +9,11 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO_ROOT, free_port, needs_compiler
-from training.config import ConfigError, available_profiles, load_config
-from training.memory import GB, HEADROOM, budget_problem, estimate_memory, measure_step
+
+from training.config.load import available_profiles, load_config
+from training.config.schema import ConfigError
+from training.plan.memory import GB, HEADROOM, budget_problem, estimate_memory, measure_step
 
 GPU_PROFILES = {"1gpu_h100": 1, "h100": 8, "16gpu_h100": 16, "64gpu_h100": 64, "a800": 8}
 

@@ -6,7 +6,15 @@ import pytest
 import torch
 
 from models.metrics import (
-    ALEX_CHANNELS, LPIPS, LPIPSUnavailable, find_lpips_weights, flicker, load_lpips, psnr, save_random_lpips_weights, ssim,
+    ALEX_CHANNELS,
+    LPIPS,
+    LPIPSUnavailable,
+    find_lpips_weights,
+    flicker,
+    load_lpips,
+    psnr,
+    save_random_lpips_weights,
+    ssim,
     temporal_error,
 )
 

@@ -11,10 +11,8 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-
 from conftest import REPO_ROOT, free_port
 
 pytestmark = pytest.mark.slow
@@ -23,7 +21,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def prepared_in_store(s3_server, tmp_path_factory):
     """Synthetic H.264 sources prepared by the CLI straight into s3://clips/prepared."""
-    from scripts.make_sample_videos import make_sample_videos
+    from training.data.synthetic_clips import make_sample_videos
 
     sources = tmp_path_factory.mktemp("sources")
     make_sample_videos(sources, count=10, n_frames=48)
@@ -65,7 +63,7 @@ def test_prepare_writes_the_dataset_into_the_store(s3_server, prepared_in_store)
 def test_a_raw_bucket_is_listed_once_per_run(s3_server, tmp_path, monkeypatch):
     """Raw clips in a bucket (no prepared index): rank 0 lists the bucket into the run folder and
     every rank reads that listing."""
-    from scripts.make_sample_videos import make_sample_videos
+    from training.data.synthetic_clips import make_sample_videos
 
     client = s3_server.client()
     client.create_bucket(Bucket="raw")
@@ -181,7 +179,7 @@ def test_an_endpoint_nobody_answers_on_is_one_line_naming_it(tmp_path):
     endpoint = f"http://127.0.0.1:{free_port()}"
     env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "key", "AWS_SECRET_ACCESS_KEY": "secret",
            "AWS_DEFAULT_REGION": "us-east-1"}
-    result = subprocess.run([sys.executable, "-m", "training.config", "test", "--set", "data_root=s3://clips/videos"],
+    result = subprocess.run([sys.executable, "-m", "training.plan", "test", "--set", "data_root=s3://clips/videos"],
                             cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()

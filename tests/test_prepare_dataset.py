@@ -13,7 +13,6 @@ from pathlib import Path
 
 import av
 import pytest
-
 from conftest import REPO_ROOT, SAMPLE_VIDEOS, free_port
 
 
@@ -86,8 +85,8 @@ def test_prepare_real_clips_resume_after_a_kill_and_train_two_processes(tmp_path
 def test_the_dry_run_says_the_decoding_cores_a_gpu_needs_and_warns_when_the_workers_fall_short():
     import json
 
-    from training.config import load_config
-    from training.decode_budget import BENCHMARK, decode_budget_lines
+    from training.config.load import load_config
+    from training.plan.decode_budget import BENCHMARK, decode_budget_lines
 
     measured = json.loads(BENCHMARK.read_text())["core_s_per_clip"]
     assert measured["prepared"] <= measured["raw"] / 4  # the committed benchmark's claim (docs/data.md)

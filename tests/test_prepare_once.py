@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO_ROOT
-from training.dataset import scan_videos
-from training.prepare_once import MARKER_NAME, STARTED_NAME, is_prepared, lock_path, prepare_once
+
+from training.base.prepare_once import MARKER_NAME, STARTED_NAME, is_prepared, lock_path, prepare_once
+from training.data.index import scan_videos
 
 
 def slow_build(folder: str, log: str) -> None:
@@ -85,7 +85,7 @@ def test_a_users_own_folder_is_read_never_written(tmp_path):
 
 def test_sample_clip_writers_leave_no_scannable_temporary_files(tmp_path):
     """Temporary names are hidden and have no video suffix: a scan during the writing sees only whole clips."""
-    script = ("import sys; from pathlib import Path; from scripts.make_sample_videos import make_sample_videos; "
+    script = ("import sys; from pathlib import Path; from training.data.synthetic_clips import make_sample_videos; "
               "make_sample_videos(Path(sys.argv[1]), count=2, n_frames=8)")
     writers = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "clips")], cwd=REPO_ROOT) for _ in range(2)]
     assert [writer.wait(timeout=120) for writer in writers] == [0, 0]  # the old fixed .partial.mp4 names collided here

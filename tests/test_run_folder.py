@@ -1,4 +1,4 @@
-"""A run is its run folder (training/run_folder.py): a resume of a recorded run restores its
+"""A run is its run folder (training/run/folder.py): a resume of a recorded run restores its
 settings, lets a resume change only what RESUME_MAY_CHANGE lists (each change recorded, the
 previous resolved config kept), refuses the rest in one line, and a quick trial (--max-steps)
 caps every interval. The launcher-level check (SIGTERM, then the printed continue command) is
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from training.config import ConfigError, ResumeError, available_profiles, load_config, profile_overrides
-from training.run_folder import RESUME_MAY_CHANGE, load_run, record_run
+from training.config.load import available_profiles, load_config, profile_overrides
+from training.config.schema import ConfigError, ResumeError
+from training.run.folder import RESUME_MAY_CHANGE, load_run, record_run
 
 
 def start(run_dir, overrides, profile="test", processes=1):
@@ -137,7 +138,7 @@ def test_a_killed_trainings_forked_children_do_not_hold_the_run_folder(tmp_path)
     import sys
     import time
 
-    from training.run_folder import lock_run_folder, run_folder_holder
+    from training.run.folder import lock_run_folder, run_folder_holder
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -145,7 +146,7 @@ def test_a_killed_trainings_forked_children_do_not_hold_the_run_folder(tmp_path)
 import os, sys, time
 sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
 from pathlib import Path
-from training.run_folder import lock_run_folder
+from training.run.folder import lock_run_folder
 lock_run_folder(Path({str(run_dir)!r}))
 child = os.fork()
 if child == 0:  # a data worker: it keeps every descriptor its parent had
@@ -172,7 +173,7 @@ def test_a_training_of_an_older_version_holding_the_folder_with_flock_is_seen(tm
     a record lock still refuses a second training on its folder."""
     import fcntl
 
-    from training.run_folder import run_folder_holder
+    from training.run.folder import run_folder_holder
 
     (tmp_path / ".lock").write_text("process 1 on an-older-version\n")
     with open(tmp_path / ".lock") as held:
@@ -190,7 +191,7 @@ def test_a_holder_that_ends_within_the_wait_lets_the_relaunch_start(tmp_path, ca
     import sys
     import time
 
-    from training.run_folder import check_not_in_use
+    from training.run.folder import check_not_in_use
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -198,7 +199,7 @@ def test_a_holder_that_ends_within_the_wait_lets_the_relaunch_start(tmp_path, ca
 import sys, time
 sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
 from pathlib import Path
-from training.run_folder import lock_run_folder
+from training.run.folder import lock_run_folder
 lock_run_folder(Path({str(run_dir)!r}))
 print("locked", flush=True)
 time.sleep(2)

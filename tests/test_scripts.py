@@ -5,7 +5,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import REPO_ROOT
 
 
@@ -76,7 +75,7 @@ def test_validate_setup_codecs_row_names_what_is_missing(monkeypatch):
 
 
 def test_training_step_benchmark_writes_phases_and_plot(tmp_path):
-    from scripts.make_sample_videos import make_sample_videos
+    from training.data.synthetic_clips import make_sample_videos
 
     make_sample_videos(tmp_path / "clips", count=4, n_frames=16)
     out, plot = tmp_path / "bench.json", tmp_path / "bench.png"
@@ -136,7 +135,7 @@ def test_the_peak_and_the_step_count_convolutions_alike_and_the_peak_takes_the_f
     import torch.nn.functional as F
 
     from scripts import benchmark
-    from training.step_flops import count_flops
+    from training.plan.step_flops import count_flops
 
     x, w = torch.rand(2, 4, 8, 8), torch.rand(5, 4, 3, 3)
     taps = (3 * 8 - 2) ** 2  # per output row and column, the 3x3 window loses one tap at each edge
@@ -205,7 +204,7 @@ def test_transposed_convolutions_are_counted_with_torchs_formula():
     own formula for transposed ones (a student or teacher that has them must not break the dry run)."""
     import torch.nn.functional as F
 
-    from training.step_flops import count_flops
+    from training.plan.step_flops import count_flops
 
     x, w = torch.rand(1, 4, 8, 8), torch.rand(4, 2, 3, 3)
     assert count_flops(lambda: F.conv_transpose2d(x, w)) == 2 * 4 * 2 * 9 * 64  # every input tap, every weight

@@ -1,4 +1,4 @@
-"""Shared memory (/dev/shm) for the data loader (training/shared_memory.py): the estimate per node,
+"""Shared memory (/dev/shm) for the data loader (training/data/shared_memory.py): the estimate per node,
 the dry run's and validate_setup's lines, the launcher's refusal when /dev/shm is too small, and
 a run whose data worker runs out of it stopping in one line instead of hanging. The launches run
 in a private mount namespace (unshare -m, as root) with a tiny tmpfs at /dev/shm, as a container
@@ -14,7 +14,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
 from conftest import REPO_ROOT, free_port
 
 LAUNCHER = str(REPO_ROOT / "train_taehv_h100.sh")
@@ -45,7 +44,7 @@ def private_shm():
 
 @pytest.fixture(scope="module")
 def clips(tmp_path_factory) -> Path:
-    from scripts.make_sample_videos import make_sample_videos
+    from training.data.synthetic_clips import make_sample_videos
 
     folder = tmp_path_factory.mktemp("clips")
     make_sample_videos(folder, count=12, n_frames=24)
@@ -84,8 +83,8 @@ def launch(args: list[str], marker: str, shm_size: str | None = None, timeout: f
 
 
 def test_h100_loader_needs_a_37_mb_batch_times_its_queue_per_process():
-    from training.config import load_config
-    from training.shared_memory import batch_bytes, loader_shared_memory_bytes
+    from training.data.shared_memory import batch_bytes, loader_shared_memory_bytes
+    from training.config.load import load_config
 
     h100 = load_config("h100", num_processes=8, check_paths=False)
     assert batch_bytes(h100) == H100_BATCH
@@ -100,8 +99,8 @@ def test_h100_loader_needs_a_37_mb_batch_times_its_queue_per_process():
 
 def test_validate_setup_reports_shared_memory(monkeypatch):
     from scripts.validate_setup import Report, check_shared_memory
-    from training import shared_memory
-    from training.config import load_config
+    from training.data import shared_memory
+    from training.config.load import load_config
 
     h100 = load_config("h100", num_processes=8, check_paths=False)
     report = Report()
@@ -178,9 +177,9 @@ class SignalledDataset:
 def test_a_worker_killed_by_sigbus_is_reported_as_shared_memory_not_a_bad_file(signum):
     from torch.utils.data import DataLoader
 
-    from training.config import load_config
-    from training.dataset import FailureTracker
-    from training.faults import loader_batches
+    from training.config.load import load_config
+    from training.data.clips import FailureTracker
+    from training.loop.batches import loader_batches
 
     config = load_config("test", ["num_workers=1", "persistent_workers=false"], check_paths=False)
     run = SimpleNamespace(config=config, loader=DataLoader(SignalledDataset(signum), batch_size=2, num_workers=1),

@@ -12,7 +12,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import REPO_ROOT
 
 

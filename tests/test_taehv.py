@@ -3,15 +3,13 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
+from conftest import REFERENCE
 from safetensors.torch import save_file
 
-from conftest import REFERENCE
-
-import torch.nn.functional as F
-
 from models.taehv import (
-    VARIANTS,
     TAEHV,
+    VARIANTS,
     FrameStreamer,
     StreamingTAEHV,
     parameter_count,
@@ -303,7 +301,7 @@ def test_frame_counts_per_variant(variant):
     ],
 )
 def test_frame_rule_and_valid_counts(variant, rule, valid):
-    args = VARIANTS[variant]  # answers without building a model (what training/config.py needs)
+    args = VARIANTS[variant]  # answers without building a model (what training/config/schema.py needs)
     assert args.frame_rule() == rule and args.valid_frame_counts(40) == valid
     for n in range(1, 41):
         round_trip = args.decoded_frame_count(args.latent_frame_count(n))

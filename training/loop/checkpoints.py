@@ -1,0 +1,250 @@
+"""Checkpoints: save (temporary folder, write probe, agreement, rename, rotation) and resume (exact or elastic), with the named registry of stateful parts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from training.base.agreement import agree
+from training.config.schema import ResumeError, TrainConfig
+from training.run.checkpoint_files import complete_checkpoints, read_state
+from training.run.elastic import save_full_state
+from training.run.folder import check_writable
+
+if TYPE_CHECKING:
+    from training.loop.state import TrainingRun
+
+
+# the run's stateful parts beyond model and optimizer; older checkpoints numbered them in this order
+STATE_NAMES = ("scheduler", "progress", "ema", "seraena")
+
+
+def check_run_folder(config: TrainConfig, resume_from: Path | None, resuming: bool) -> None:
+    """The run folder can be written; a fresh start does not land on an earlier run's checkpoints;
+    a checkpoint to resume fits this config. Writes nothing."""
+    from training.run import elastic
+
+    run_dir = Path(config.output_dir)
+    check_writable(run_dir)
+    existing = complete_checkpoints(run_dir) if (run_dir / "checkpoints").is_dir() else []
+    if existing and not resuming:
+        raise ResumeError(f"{run_dir} already holds {existing[-1].name}: continue it with --resume latest, "
+                          "or choose another --output-dir (nothing was changed)")
+    if resume_from is not None:
+        try:
+            elastic.check_resumable(resume_from, config)
+        except ValueError as error:
+            raise ResumeError(str(error)) from None
+
+
+def save_checkpoint(run: TrainingRun, step: int) -> Path | None:
+    """Written to a temporary folder, then renamed: a crash mid-save never leaves a folder that
+    resume would pick. Older checkpoints beyond the limit go only after the new one is complete.
+    A failed write (full disk, lost mount) on any rank is agreed by all ranks, logged with the
+    ranks it happened on, and returns None: the temporary folder is removed, the previous
+    checkpoint stays, and training goes on. It runs under the set-up timeout (nccl_timeout_s),
+    not step_timeout_s: every rank writes its part (at 64 GPUs, tens of GB in all) while the others
+    wait in the save's collectives, and slow storage must not look like a dead rank."""
+    from training.base.failures import set_collective_timeout  # faults saves the stop checkpoint through here
+
+    config = run.config
+    widen = run.step_timeout_set and run.accelerator.num_processes > 1 and config.nccl_timeout_s > config.step_timeout_s
+    if widen:
+        set_collective_timeout(config.nccl_timeout_s)
+    try:
+        return _save_checkpoint(run, step)
+    finally:
+        if widen:
+            set_collective_timeout(config.step_timeout_s)
+
+
+def _save_checkpoint(run: TrainingRun, step: int) -> Path | None:
+    accelerator, config, run_dir = run.accelerator, run.config, run.run_dir
+    final = run_dir / "checkpoints" / f"checkpoint-{step}"
+    temporary = run_dir / "checkpoints" / f".tmp-checkpoint-{step}"
+    if accelerator.is_main_process:
+        shutil.rmtree(temporary, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    # Every rank first proves it can write there, and the ranks agree: a rank that cannot would
+    # otherwise leave the others waiting inside DeepSpeed's save barriers.
+    error = writable_problem(temporary, injected=step in run.faults.checkpoint_fail_steps)
+    agreed = agree(accelerator, failed=bool(error))
+    if not agreed:
+        error = save_every_part(run, temporary, step)
+        agreed = agree(accelerator, failed=bool(error))
+    if agreed:
+        if error:
+            print(f"rank {accelerator.process_index}: checkpoint at step {step} not written: {error}", file=sys.stderr, flush=True)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            shutil.rmtree(temporary, ignore_errors=True)
+        previous = complete_checkpoints(run_dir)
+        run.failed_checkpoints += 1
+        run.log.line(f"checkpoint at step {step} FAILED {agreed.where('failed')} ({error or 'that rank says why'}); "
+                     f"kept {previous[-1].name if previous else 'no earlier checkpoint'}; training continues. "
+                     "Free disk space in the run folder")
+        return None
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        if final.exists():
+            shutil.rmtree(final)
+        temporary.rename(final)
+        for old in complete_checkpoints(run_dir)[: -config.checkpoints_total_limit]:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def save_every_part(run: TrainingRun, temporary: Path, step: int) -> str:
+    """Writes the checkpoint's parts into `temporary`; returns this rank's first write error, or ''.
+    Every rank runs every part, a failed one included, so the collectives inside the parts match
+    (DeepSpeed's save gathers and ends in a barrier; the full state is gathered after it)."""
+    accelerator = run.accelerator
+    errors = []
+    try:
+        with run.faults.in_engine_save(run.model, step), engine_writes_recorded(run.model, errors):
+            accelerator.save_state(str(temporary))
+    except OSError as failure:  # accelerate's own files (DDP: the model, optimizer, random states)
+        errors.append(str(failure))
+    if run.faults.slow_save_s:  # storage that takes its time, between the engine's files and ours
+        time.sleep(run.faults.slow_save_s)
+    parts = [lambda: save_full_state(accelerator, run.model, run.optimizer, run.config, run.progress.micro_step, temporary),
+             lambda: save_stateful_objects(run, temporary)]
+    if run.seraena is not None:  # each rank's own replay buffer (unless left out) and random state
+        state = lambda: run.seraena.rank_state_dict(with_buffer=run.config.seraena_buffer_in_checkpoints)  # noqa: E731
+        parts.append(lambda: torch.save(state(), temporary / seraena_rank_file(accelerator.process_index)))
+    for part in parts:
+        try:
+            part()
+        except OSError as failure:
+            errors.append(str(failure))
+    return errors[0] if errors else ""
+
+
+@contextlib.contextmanager
+def engine_writes_recorded(engine, errors: list):
+    """DeepSpeed's save runs collectives between its file writes (parameter gathers under ZeRO-3,
+    a closing barrier): a write that raised on one rank would leave the others waiting in them.
+    While this is active its writes record their OSError in `errors` and return, so every rank
+    runs the whole save and the ranks agree on the failure afterwards."""
+    checkpoint_engine = getattr(engine, "checkpoint_engine", None)
+    if checkpoint_engine is None:  # not a DeepSpeed engine
+        yield
+        return
+    write, own = checkpoint_engine.save, "save" in vars(checkpoint_engine)
+
+    def recorded(*args, **kwargs):
+        try:
+            return write(*args, **kwargs)
+        except OSError as failure:
+            errors.append(str(failure))
+
+    checkpoint_engine.save = recorded
+    try:
+        yield
+    finally:
+        if own:
+            checkpoint_engine.save = write
+        else:
+            del checkpoint_engine.save
+
+
+def stateful_objects(run: TrainingRun) -> dict:
+    """The run's state beyond model and optimizer (which accelerate saves), by name, in the
+    order of STATE_NAMES; absent parts (no EMA, no Seraena) are left out."""
+    named = {"scheduler": run.scheduler, "progress": run.progress, "ema": run.ema, "seraena": run.seraena}
+    return {name: named[name] for name in STATE_NAMES if named[name] is not None}
+
+
+def save_stateful_objects(run: TrainingRun, folder: Path) -> None:
+    """<name>_state.pt for each, written by rank 0 (they are identical on every rank). Every rank
+    takes the states: the EMA's gathers its partitions (training/step/losses.py PartitionedEMA)."""
+    states = {name: obj.state_dict() for name, obj in stateful_objects(run).items()}
+    if run.accelerator.is_main_process:
+        for name, state in states.items():
+            torch.save(state, folder / f"{name}_state.pt")
+
+
+def load_stateful_objects(folder: Path, objects: dict) -> None:
+    present = list(objects)
+    for name, obj in objects.items():
+        state = read_state(folder, name, present)
+        if state is None:
+            raise FileNotFoundError(f"{folder}: no {name}_state.pt: the checkpoint is incomplete or from a run with "
+                                    f"other settings (ema_decay, seraena_weight); resume from another checkpoint")
+        obj.load_state_dict(state)
+
+
+def seraena_rank_file(rank: int) -> str:
+    return f"seraena_rank{rank}.pt"
+
+
+def load_seraena_rank_state(run: TrainingRun, folder: Path) -> str:
+    """This rank's replay buffer and random state from `folder`; returns what was restored, for the log.
+    A rank without its file (older checkpoints, or more ranks than the run that wrote it) keeps
+    the state it started with, or rank 0's from an older checkpoint."""
+    path = folder / seraena_rank_file(run.accelerator.process_index)
+    if run.seraena is None or not path.is_file():
+        return ""
+    state = torch.load(path, weights_only=False)
+    run.seraena.load_rank_state_dict(state)
+    if "buffer" not in state:
+        return "; Seraena random state per rank (the checkpoint holds no replay buffer: it refills from new fakes)"
+    return "; Seraena replay buffer and random state per rank"
+
+
+def writable_problem(folder: Path, injected: bool = False) -> str:
+    """'' when this rank can create files in `folder`, else the error (a full disk, a read-only or
+    lost mount). `injected` (TAEHV_FAULT_CHECKPOINT_FAIL_STEPS) leaves a partial file and fails."""
+    probe = folder / f".probe-{socket.gethostname()}-{os.getpid()}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if injected:
+            probe.write_bytes(b"\0" * 1024)
+            raise OSError(28, "No space left on device (injected)")
+        probe.write_bytes(b"\0" * 4096)
+        probe.unlink()
+    except OSError as failure:
+        return str(failure)
+    return ""
+
+
+def resume(run: TrainingRun, folder: Path) -> None:
+    """accelerate's exact path when the checkpoint was written by the same topology; else the
+    elastic path (training/run/elastic.py), checked by re-gathering the loaded state."""
+    from training.run import elastic
+
+    accelerator, config = run.accelerator, run.config
+    if elastic.same_topology(folder, accelerator, config):
+        if any(folder.glob("custom_checkpoint_*.pkl")):  # the older layout: accelerate reads those files by position
+            accelerator.register_for_checkpointing(*stateful_objects(run).values())
+            accelerator.load_state(str(folder))
+            accelerator._custom_objects.clear()  # later checkpoints write the named files (save_stateful_objects)
+        else:
+            accelerator.load_state(str(folder))
+            load_stateful_objects(folder, stateful_objects(run))
+        restored = load_seraena_rank_state(run, folder)
+        run.log.line(f"resumed from {folder} at step {run.progress.step}{restored}")
+        return
+    saved = json.loads((folder / elastic.TOPOLOGY).read_text())
+    load_stateful_objects(folder, stateful_objects(run))
+    elastic.load_full_state(accelerator, run.model, run.optimizer, folder)
+    load_seraena_rank_state(run, folder)
+    run.progress.micro_step = elastic.converted_micro_step(folder, accelerator, config)
+    loaded = elastic.state_fingerprint(elastic.gather_full_state(accelerator, run.model, run.optimizer))
+    if loaded != saved["state_fingerprint"]:
+        raise RuntimeError(f"elastic resume from {folder}: the loaded state (fingerprint {loaded}) differs from the "
+                           f"saved one ({saved['state_fingerprint']})")
+    run.log.line(f"resumed elastically from {folder} at step {run.progress.step}: {saved['num_processes']} processes "
+                 f"ZeRO {saved['zero_stage']} -> {accelerator.num_processes} processes ZeRO {config.zero_stage}; "
+                 f"weights and optimizer state identical (fingerprint {loaded}); per-rank random states start fresh")

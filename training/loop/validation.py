@@ -1,0 +1,189 @@
+"""Validation: metrics of the weights that are exported (the EMA when enabled) on the held-out
+clips, the validation line, validation_history.json, best_model/ and early stopping.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import torch
+
+from models.taehv import TAEHV
+from training.config.views import decoded_frame_count, student_of
+from training.loop.exports import current_weights, export_info, export_model
+from training.loop.step import reference_latents_for
+from training.step.losses import aligned
+
+if TYPE_CHECKING:
+    from training.loop.state import TrainingRun
+
+
+LOWER_IS_BETTER = ("lpips", "flicker")  # best_metric values (and their decode_ forms) where smaller wins
+
+
+SAMPLE_CLIPS = 2  # held-out clips shown in TensorBoard at each validation
+
+
+def evaluation_model(run: TrainingRun) -> TAEHV:
+    """A plain fp32 TAEHV holding the weights that are validated and exported."""
+    evaluated = TAEHV.from_args(run.accelerator.unwrap_model(run.model).taehv.args)
+    evaluated.load_state_dict({k: v.float().cpu() for k, v in current_weights(run).items()})
+    return evaluated.to(run.accelerator.device).eval()
+
+
+def validate(run: TrainingRun, evaluated: TAEHV) -> dict:
+    """PSNR, SSIM, LPIPS (when its weights are on this machine) and flicker (when two or more
+    frames are decoded) of the round trip over the held-out clips, and of the student's decode of
+    reference latents when distilling; clips are split across ranks and the sums reduced. Each rank
+    runs validation_batch_size clips at a time, in the step's precision (bf16 autocast under a bf16
+    run on a GPU; the metrics in fp32). Rank 0 sends its first clips to TensorBoard."""
+    from models.metrics import flicker, psnr, ssim
+
+    accelerator, dataset = run.accelerator, run.validation_dataset
+    precision = torch.autocast(accelerator.device.type, torch.bfloat16,
+                               enabled=run.config.mixed_precision == "bf16" and accelerator.device.type == "cuda")
+    count = min(run.config.validation_samples, len(dataset))
+    temporal = decoded_frame_count(run.config) >= 2  # flicker compares consecutive frames
+    metrics = ("psnr", "ssim") + (("lpips",) if run.lpips is not None else ()) + (("flicker",) if temporal else ())
+    names = [f"{prefix}{metric}" for prefix in ("", "decode_")[: 2 if run.config.use_ref_vae else 1] for metric in metrics]
+    # PSNR of the round trip by frame position: an untrained temporal slot shows as one low position
+    names += [f"psnr_frame{t}" for t in range(decoded_frame_count(run.config))]
+    totals = torch.zeros(len(names) + 1, device=accelerator.device)  # metric sums, number of clips
+    own = list(range(accelerator.process_index, count, accelerator.num_processes))
+    size = max(1, run.config.validation_batch_size)
+    with torch.no_grad():  # a plain module: ranks need not run the same number of forwards
+        for indices in (own[i : i + size] for i in range(0, len(own), size)):
+            items = [dataset[index] for index in indices]
+            batch = {key: torch.stack([item[key] for item in items]) for key in ("video", "latents") if key in items[0]}
+            video = batch["video"].to(accelerator.device).float() / 255
+            reference_latents = reference_latents_for(run, batch, video) if run.config.use_ref_vae else None
+            with precision:  # the student's precision; the reference VAE keeps its own
+                decoded = {"": evaluated(video)}
+                if reference_latents is not None:
+                    decoded["decode_"] = evaluated.decode_video(reference_latents)
+            decoded = {prefix: frames.float() for prefix, frames in decoded.items()}
+            values = {}
+            for prefix, frames in decoded.items():
+                target = aligned(video, frames)
+                values[prefix + "psnr"], values[prefix + "ssim"] = psnr(frames, target), ssim(frames, target)
+                if run.lpips is not None:
+                    values[prefix + "lpips"] = run.lpips(frames, target)
+                if temporal:
+                    values[prefix + "flicker"] = flicker(frames, target)
+            frames, target = decoded[""], aligned(video, decoded[""])
+            for t in range(frames.shape[1]):
+                values[f"psnr_frame{t}"] = psnr(frames[:, t], target[:, t])
+            totals += torch.cat([torch.stack([values[n].float().sum() for n in names]), totals.new_full((1,), len(indices))])
+            for row, index in enumerate(indices):
+                if index < SAMPLE_CLIPS * accelerator.num_processes:  # rank 0's first clips go to TensorBoard
+                    log_sample_image(run, video[row : row + 1], decoded[""][row : row + 1], index // accelerator.num_processes)
+    totals = accelerator.reduce(totals, reduction="sum") if accelerator.num_processes > 1 else totals
+    return {name: (totals[i] / totals[-1]).item() for i, name in enumerate(names)}
+
+
+COMPARED_METRICS = ("psnr", "ssim", "lpips", "decode_psnr", "decode_ssim", "decode_lpips", "flicker")
+
+
+def with_baseline(run: TrainingRun, metrics: dict) -> dict:
+    """When the run started from pretrained_model_path: the metrics plus `<metric>_vs_start`, the
+    change against those starting weights, scored on the same clips at the first validation (kept
+    in Progress, so a resumed run compares with the same numbers)."""
+    if not run.config.pretrained_model_path:
+        return metrics
+    if run.progress.baseline is None:
+        start = TAEHV.from_pretrained(run.config.pretrained_model_path, variant=student_of(run.config).variant)
+        run.progress.baseline = validate(run, start.to(run.accelerator.device).eval())
+        run.log.line(validation_line(0, run.progress.baseline).replace("Validation at step 0", "Starting weights"))
+    compared = {f"{k}_vs_start": metrics[k] - run.progress.baseline[k]
+                for k in COMPARED_METRICS if k in metrics and k in run.progress.baseline}
+    return {**metrics, **compared}
+
+
+def validation_line(step: int, metrics: dict, seconds: float | None = None) -> str:
+    """`Validation at step N | psnr: 24.10 dB | ssim: 0.81 | by frame: 25.0 23.9 ... dB | 3.2 s`."""
+    by_frame = [v for k, v in metrics.items() if k.startswith("psnr_frame")]
+    parts = [f"{k}: {v:.2f} dB" if k.endswith("psnr") else f"{k}: {v:+.2f} dB" if k.endswith("psnr_vs_start")
+             else f"{k}: {v:+.4f}" if k.endswith("_vs_start") else f"{k}: {v:.4f}"
+             for k, v in metrics.items() if not k.startswith("psnr_frame")]
+    if by_frame:
+        parts.append("by frame: " + " ".join(f"{v:.1f}" for v in by_frame) + " dB")
+    if seconds is not None:
+        parts.append(f"{seconds:.1f} s")
+    return f"Validation at step {step} | " + " | ".join(parts)
+
+
+def log_sample_image(run: TrainingRun, video: torch.Tensor, decoded: torch.Tensor, number: int) -> None:
+    """Every frame of sample clip `number` as an animated GIF under val/sample_clip<number>:
+    input | reconstruction | error x4, so motion and flicker show; and for the first clip its
+    middle frame (input | reconstruction) under val/sample."""
+    if not run.accelerator.is_main_process:
+        return
+    tracker = run.accelerator.get_tracker("tensorboard", unwrap=True)
+    if number == 0:
+        t = decoded.shape[1] // 2
+        image = torch.cat([video[0, t], decoded[0, t]], dim=-1).clamp(0, 1).float().cpu()
+        tracker.add_image("val/sample", image, global_step=run.progress.step)
+    target = aligned(video, decoded)[0].float()
+    strip = torch.cat([target, decoded[0].float(), ((decoded[0].float() - target).abs() * 4)], dim=-1)
+    summary = animated_image_summary(f"val/sample_clip{number}", strip.clamp(0, 1).cpu())
+    tracker.file_writer.add_summary(summary, run.progress.step)
+
+
+def animated_image_summary(tag: str, frames: torch.Tensor, frame_ms: int = 125):
+    """T,3,H,W in [0, 1] -> a TensorBoard image summary holding a looping GIF (what add_video
+    writes, without its moviepy dependency); the images dashboard animates it."""
+    import io
+
+    from PIL import Image
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    pictures = [Image.fromarray((frame.permute(1, 2, 0) * 255).round().byte().numpy()) for frame in frames]
+    buffer = io.BytesIO()
+    pictures[0].save(buffer, format="GIF", save_all=True, append_images=pictures[1:], duration=frame_ms, loop=0)
+    height, width = frames.shape[-2:]
+    image = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=buffer.getvalue())
+    return Summary(value=[Summary.Value(tag=tag, image=image)])
+
+
+def record_validation(run: TrainingRun, metrics: dict) -> bool:
+    """validation_history.json, best_model/ and early stopping. Returns True when the run should
+    stop early. The record lives in Progress, so it resumes with the checkpoint."""
+    config, progress, step = run.config, run.progress, run.progress.step
+    if run.accelerator.is_main_process:
+        try:  # rank 0 alone writes it, no other rank waits on it: a failed write is logged, not fatal
+            run.faults.fail_write("history", step)
+            path = run.run_dir / "validation_history.json"
+            history = json.loads(path.read_text()) if path.exists() else []
+            history = [h for h in history if h["step"] < step]  # entries past a resumed checkpoint are replayed
+            history.append({"step": step, **metrics})
+            temporary = path.with_suffix(".json.tmp")
+            temporary.write_text(json.dumps(history, indent=2) + "\n")
+            temporary.replace(path)
+        except OSError as failure:
+            run.log.line(f"validation_history.json not updated at step {step}: {failure}; training continues")
+    value = metrics.get(config.best_metric)
+    lower_is_better = config.best_metric.removeprefix("decode_") in LOWER_IS_BETTER
+    improved = value is not None and (progress.best_value is None or
+                                      (value < progress.best_value if lower_is_better else value > progress.best_value))
+    if improved:
+        previous = progress.best_value, progress.best_step
+        progress.best_value, progress.best_step, progress.validations_without_improvement = value, step, 0
+        weights = {k: v.detach().float().cpu() for k, v in current_weights(run).items()}  # every rank: a collective
+        try:
+            if run.accelerator.is_main_process:
+                run.faults.fail_write("best_model", step)
+            export_model(run.accelerator, weights, run.accelerator.unwrap_model(run.model).taehv, run.run_dir / "best_model",
+                         step, metrics, best_metric=config.best_metric, **export_info(config))
+            run.log.line(f"best model so far ({config.best_metric} {value:.4f}) saved to {run.run_dir / 'best_model'}")
+        except OSError as failure:  # the previous best_model/ stays whole (written to a temporary folder first)
+            progress.best_value, progress.best_step = previous  # the next validation that beats it saves it
+            run.log.line(f"best model so far ({config.best_metric} {value:.4f}) NOT saved: {failure}; training continues")
+        return False
+    progress.validations_without_improvement += 1
+    patience = config.early_stopping_patience
+    if patience and progress.validations_without_improvement >= patience:
+        run.log.line(f"early stopping: {config.best_metric} has not improved for {patience} validations "
+                     f"(best {progress.best_value:.4f} at step {progress.best_step})")
+        return True
+    return False

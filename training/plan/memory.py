@@ -1,0 +1,335 @@
+"""Memory you can see before you launch: GPU and host memory per rank, and checkpoint size, of a
+resolved config. Unit: GB = 1e9 bytes everywhere (logs, dry run, docs).
+
+The training step is measured, not scaled: one full micro-step of the student at the config's
+exact shape (batch_size_per_gpu x n_frames x height x width), dtype, memory layout
+(channels_last) and gradient checkpointing, with every loss term (LPIPS, Seraena's
+discriminator step and correction) and the backward, runs on fake tensors (torch's
+FakeTensorMode: shapes, dtypes and strides without data or compute; seconds on a CPU) while
+StepPeak counts the bytes of every live tensor storage. Its peak, less the weights, is the
+"training step" part; tests/test_memory.py checks it against the same count over real tensors
+at a small shape, and tests/test_gpu.py against torch.cuda.max_memory_allocated. The rest is
+arithmetic on the parameter count and the accelerate file's engine:
+
+| part | bytes |
+|---|---|
+| weights | params x 2 (bf16) or 4 |
+| gradients | DDP: its bucket copy of the gradients, params x 4 (the gradients are in the step); ZeRO-2/3: the fp32 accumulation partition, params x 4 / processes, plus DeepSpeed's reduce bucket, sized to the student by training/loop/build.py (ZeRO-2: one, bf16, overlap_comm off; ZeRO-3: one, fp32; deepspeed_bucket_bytes) |
+| optimizer | fp32 master (bf16 engines) and AdamW's two moments: params x (4 + 8), / processes under ZeRO |
+| EMA | params x 4, / processes under ZeRO-1/2 (each rank averages its own partition) |
+| LPIPS | AlexNet + heads in fp32 when perceptual_weight > 0 |
+| reference VAE | its weights in bf16 when it runs on the fly; its encode, measured, where it exceeds the step |
+| cuDNN workspace | an allowance of 1 GB for convolution algorithms' scratch memory |
+| CUDA context and allocator slack | 1.5 GB |
+
+Host per rank: the Seraena replay buffer (uint8 frame groups, bf16 contexts; its capacity is
+capped by seraena_buffer_gb), the batches the data workers hold, and a process baseline.
+Checkpoint: weights, optimizer state, EMA, and every rank's replay buffer (one file per rank).
+The reference VAE's encode of one batch, when it runs on the fly, is measured the same way (its
+published architecture from diffusers, bf16): it runs before the student's step and is freed
+before it, so only what exceeds the step counts. Not measured: allocator fragmentation; the
+shipped profiles keep to 90% of their device by this measure.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field, replace
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakIdKeyDictionary
+
+from models.measure_cache import cached_measurement
+from training.config.views import measured_geometry, student_of
+from training.step.seraena import replay_capacity, replay_pair_bytes
+
+GB = 1e9
+
+
+CUDA_CONTEXT_GB = 1.5
+
+
+CUDNN_WORKSPACE_GB = 1.0
+
+
+HOST_BASELINE_GB = 3.0  # python, torch, CUDA libraries, the model copies of one rank process
+
+
+REFERENCE_VAE_PARAMS = {"cogvideox": 215.6e6, "hunyuan": 246.5e6, "wan": 126.9e6,  # Wan 2.2's layout: 704.7e6
+                        "hunyuan1_5": 1260.6e6, "ltx": 419.2e6, "ltx2": 1222.5e6, "minimax_h3": 2603.9e6}
+
+
+LPIPS_PARAMS = 2.47e6 + 0.0015e6  # AlexNet features + linear heads
+
+
+HEADROOM = 0.9  # shipped profiles and suggested fixes keep to 90% of gpu_memory_gb: fragmentation, the reference encode
+
+
+@dataclass
+class MemoryEstimate:
+    gpu: dict = field(default_factory=dict)  # part -> GB per rank
+    host: dict = field(default_factory=dict)
+    checkpoint_gb: float = 0.0
+    checkpoint_replay_gb: float = 0.0  # of which the replay buffers of every rank
+    checkpoints_kept: int = 1
+    reference_encode_gb: float = 0.0  # the reference VAE's encode of one batch on the fly (measured), 0 without one
+    note: str = ""
+
+    @property
+    def gpu_gb(self) -> float:
+        return sum(self.gpu.values())
+
+    @property
+    def host_gb(self) -> float:
+        return sum(self.host.values())
+
+    def lines(self, budget_gb: float | None) -> list[str]:
+        def parts(values: dict) -> str:
+            return ", ".join(f"{name} {value:.2f}" for name, value in values.items() if value >= 0.005)
+
+        budget = f" of {budget_gb:g} GB (gpu_memory_gb)" if budget_gb else ""
+        if budget_gb and HEADROOM * budget_gb < self.gpu_gb <= budget_gb:
+            budget += " (above 90%: fragmentation and the reference VAE's encode are not in it; gradient_checkpointing=true lowers it)"
+        encode = (f" (the reference VAE's encode of a batch measures {self.reference_encode_gb:.1f} GB, before the step)"
+                  if self.reference_encode_gb else f" ({self.note})" if self.note else "")
+        return [f"GPU per rank:  {self.gpu_gb:.1f} GB{budget}: {parts(self.gpu)}{encode}",
+                f"host per rank: {self.host_gb:.1f} GB: {parts(self.host)}",
+                f"checkpoint:    {self.checkpoint_gb:.2f} GB per checkpoint folder, {self.checkpoint_gb * self.checkpoints_kept:.2f} GB "
+                f"for the {self.checkpoints_kept} kept (checkpoints_total_limit)"
+                + (f"; the replay buffers are {self.checkpoint_replay_gb:.2f} GB of each (seraena_buffer_in_checkpoints=false "
+                   "leaves them out: a resume refills the buffer)" if self.checkpoint_replay_gb >= 0.5 * self.checkpoint_gb > 0 else "")]
+
+
+def _training_dtype(config) -> torch.dtype:
+    return torch.bfloat16 if config.mixed_precision == "bf16" else torch.float16 if config.mixed_precision == "fp16" else torch.float32
+
+
+class StepPeak(TorchDispatchMode):
+    """Live and peak bytes of tensor storages, real or fake: each storage counted once, from the op
+    that creates it until Python drops it (weakref finalizers). Data-dependent reads of fake tensors
+    (a finiteness check's .item()) answer 1: the measured path is the healthy one."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = self.peak = 0
+        self.storages = WeakIdKeyDictionary()
+
+    def count(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        if storage in self.storages:
+            return
+        size = storage.nbytes()
+        self.storages[storage] = size
+        self.live += size
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(storage, self._release, size)
+
+    def _release(self, size: int) -> None:
+        self.live -= size
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        if func is torch.ops.aten._local_scalar_dense.default and isinstance(args[0], FakeTensor):
+            return 1
+        out = func(*args, **(kwargs or {}))
+        for item in tree_flatten(out)[0]:
+            if isinstance(item, torch.Tensor):
+                self.count(item)
+        return out
+
+
+def measure_step(config, fake: bool = True, batch: int | None = None, height: int | None = None,
+                 width: int | None = None) -> tuple[int, int]:
+    """(weight bytes, peak bytes) of one training micro-step of `config` (forward, every loss term,
+    Seraena's discriminator step and correction, backward): at the config's shape by default, on
+    fake tensors unless fake=False. The module is in the dtype the engine trains it in (DeepSpeed
+    casts it to bf16; DDP keeps fp32 under autocast)."""
+    import contextlib
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from models.metrics import LPIPS
+    from models.taehv import TAEHV
+    from training.step.losses import Student, add_seraena_term, forward_losses
+    from training.step.seraena import SeraenaState
+
+    engine_casts = config.zero_stage > 0
+    dtype = _training_dtype(config) if engine_casts else torch.float32
+    autocast = not engine_casts and config.mixed_precision in ("bf16", "fp16")
+    shape = (batch or config.batch_size_per_gpu, config.n_frames, 3, height or config.height, width or config.width)
+    default_dtype = torch.get_default_dtype()
+    with FakeTensorMode() if fake else contextlib.nullcontext(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        torch.set_default_dtype(dtype)  # built in its dtype: a module .to() cannot convert fake parameters
+        try:
+            taehv = TAEHV(student_of(config)).set_gradient_checkpointing(config.gradient_checkpointing).train()
+        finally:
+            torch.set_default_dtype(default_dtype)
+        taehv.set_fast_path(config.channels_last, "")
+        for part in ("encoder", "decoder"):  # a frozen part keeps no gradients and saves nothing for a backward
+            getattr(taehv, part).requires_grad_(getattr(config, f"train_{part}"))
+        student = Student(taehv)
+        video = torch.rand(shape).to(dtype)
+        latents = None
+        if config.use_ref_vae:
+            with torch.no_grad():
+                latents = torch.randn_like(taehv.encode_video(video).float())
+        lpips = LPIPS() if config.perceptual_weight > 0 else None
+        seraena = (SeraenaState(taehv.latent_channels, config.seraena_learning_rate, 4, 0, 0, torch.device("cpu"),
+                                torch.bfloat16 if config.mixed_precision == "bf16" else None)
+                   if config.seraena_weight > 0 else None)
+        modules = [m for m in (student, lpips, seraena and seraena.seraena) if m is not None]
+        tracker = StepPeak()
+        with tracker:
+            for tensor in [*(p for m in modules for p in m.parameters()), video, *([latents] if latents is not None else [])]:
+                tracker.count(tensor)
+            weights = sum(p.untyped_storage().nbytes() for m in modules for p in m.parameters())
+            with torch.autocast("cpu", _training_dtype(config), enabled=autocast):
+                losses = forward_losses(config, student, video, latents, lpips)
+                total = add_seraena_term(config, seraena, losses)
+            total.backward()
+            del total, losses
+        return weights, tracker.peak
+
+
+def measure_reference_encode(config) -> int:
+    """Peak bytes of the reference VAE's encode of one batch (its published architecture from
+    diffusers, bf16, tiling as configured) beyond its weights, on fake tensors. It runs before the
+    student's step and is freed before it, so a rank needs the larger of the two."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from models.reference_vae import ReferenceVAE, reference_architecture
+
+    geometry = measured_geometry(config)
+    default_dtype = torch.get_default_dtype()
+    with FakeTensorMode():
+        torch.set_default_dtype(torch.bfloat16)  # as the step: built in its dtype
+        try:
+            vae = reference_architecture(config.reference_family, geometry, config.ref_vae_path)
+        finally:
+            torch.set_default_dtype(default_dtype)
+        if (config.ref_vae_tiling or (geometry and geometry.needs_tiling)) and hasattr(vae, "enable_tiling"):
+            vae.enable_tiling()
+        reference = ReferenceVAE(vae, config.reference_family, sample_latents=config.ref_vae_sample_latents, geometry=geometry)
+        video = torch.rand(config.batch_size_per_gpu, config.n_frames, 3, config.height, config.width)
+        tracker = StepPeak()
+        with tracker, torch.no_grad():
+            for tensor in (*vae.parameters(), video):
+                tracker.count(tensor)
+            weights = sum(p.untyped_storage().nbytes() for p in vae.parameters())
+            reference.encode(video)
+        return tracker.peak - weights
+
+
+# what the measured step and reference encode depend on (models/measure_cache.py keeps them)
+MEASURED_KEYS = ("student_args", "gradient_checkpointing", "channels_last", "train_encoder", "train_decoder", "use_ref_vae",
+                 "reference_family", "reference_geometry", "ref_vae_path", "ref_vae_tiling", "ref_vae_sample_latents",
+                 "latent_cache", "batch_size_per_gpu", "n_frames", "height", "width", "image_only", "zero_stage",
+                 "mixed_precision", "pixel_loss", "lpips_bf16", "reconstruction_weight", "encoder_weight", "decoder_weight",
+                 "perceptual_weight", "seraena_weight", "temporal_weight")
+
+
+MEASURING_CODE = ("training/plan/memory.py", "training/step/losses.py", "training/step/seraena.py", "models/taehv.py", "models/variants.py", "models/seraena.py",
+                  "models/metrics.py", "models/reference_vae.py", "models/vae_geometry.py")
+
+
+def estimate_memory(config) -> MemoryEstimate:
+    from models.taehv import TAEHV
+
+    model = TAEHV(student_of(config))
+    params = sum(p.numel() for p in model.parameters())
+    processes, zero = max(1, config.num_processes), config.zero_stage
+    low_precision = config.mixed_precision in ("bf16", "fp16")
+    weight_bytes = 2 if low_precision and zero > 0 else 4
+    estimate = MemoryEstimate()
+    gpu = estimate.gpu
+    measured_weights, peak = cached_measurement("step_memory", config, MEASURED_KEYS, MEASURING_CODE,
+                                                lambda: measure_step(config))
+    gpu["training step"] = (peak - measured_weights) / GB  # activations, the backward's working memory, gradients
+    gpu["weights"] = params * weight_bytes / GB
+    if zero == 0:
+        gpu["gradients"] = params * 4 / GB  # DDP's bucket copy (the gradients themselves are in the step)
+        gpu["optimizer"] = params * (8 + (4 if low_precision else 0)) / GB
+    else:
+        gpu["gradients"] = params * 4 / processes / GB  # accumulated in fp32 (training/loop/build.py deepspeed_data_types)
+        gpu["deepspeed buckets"] = deepspeed_bucket_bytes(config, params) / GB
+        gpu["optimizer"] = params * (4 + 8) / processes / GB
+        if zero == 3:
+            gpu["weights"] /= processes
+    ema_share = processes if zero in (1, 2) else 1  # ZeRO-1/2: each rank averages its own partition
+    gpu["EMA"] = params * 4 / ema_share / GB if config.ema_decay > 0 else 0.0
+    gpu["LPIPS"] = LPIPS_PARAMS * 4 / GB if config.perceptual_weight > 0 else 0.0
+    if config.use_ref_vae and not config.latent_cache:
+        gpu["reference VAE weights"] = REFERENCE_VAE_PARAMS.get(config.reference_family, 250e6) * 2 / GB
+        try:
+            estimate.reference_encode_gb = cached_measurement("reference_encode_memory", config, MEASURED_KEYS,
+                                                              MEASURING_CODE, lambda: measure_reference_encode(config)) / GB
+        except Exception as error:  # an architecture fake tensors cannot trace: said, not fatal to a dry run
+            estimate.note = f"the reference VAE's encode was not measured ({type(error).__name__}: {str(error)[:120]})"
+        # the encode's working memory is gone before the step starts: only what exceeds the step counts
+        gpu["reference encode beyond the step"] = max(0.0, estimate.reference_encode_gb - gpu["training step"])
+    gpu["cuDNN workspace"] = CUDNN_WORKSPACE_GB
+    gpu["CUDA context"] = CUDA_CONTEXT_GB
+
+    pair_bytes = replay_pair_bytes(config, model.patch_size, model.latent_channels)
+    buffer = replay_capacity(config, model.patch_size, model.latent_channels) * pair_bytes if config.seraena_weight > 0 else 0
+    clip_bytes = config.n_frames * 3 * config.height * config.width
+    estimate.host = {
+        "replay buffer": buffer / GB,
+        "data in flight": max(1, config.num_workers) * config.prefetch_factor * config.batch_size_per_gpu * clip_bytes * 2 / GB,
+        "process": HOST_BASELINE_GB,
+    }
+    # a buffer per rank, unless left out of checkpoints
+    estimate.checkpoint_replay_gb = buffer * processes / GB if config.seraena_buffer_in_checkpoints else 0.0
+    estimate.checkpoint_gb = params * (weight_bytes + 4 + 8 + 4 + 4) / GB + estimate.checkpoint_replay_gb
+    estimate.checkpoints_kept = config.checkpoints_total_limit
+    return estimate
+
+
+def deepspeed_bucket_bytes(config, params: int) -> int:
+    """Bytes of the gradient buckets DeepSpeed's ZeRO optimizer allocates with the zero_optimization
+    settings training/loop/build.py gives it (deepspeed 0.19, contiguous_gradients on, no offload):
+    - ZeRO-1/2 (stage_1_and_2.py, setup_buckets, at the first gradient of each backward, freed
+      after it): per communication dtype, one `torch.empty(reduce_bucket_size,
+      dtype=self._gradient_reduction_buffer_dtype())`, a second one when overlap_comm is on. The
+      dtype is the engine's (bf16) under ZeRO-2 and the fp32 accumulation dtype under ZeRO-1 with
+      grad_accum_dtype fp32; communication_data_type fp32 changes the collective, not the bucket.
+    - ZeRO-3 (stage3.py, at init, for the whole run): one `torch.empty(reduce_bucket_size,
+      dtype=<communication dtype>)`, fp32 here.
+    allgather_bucket_size allocates nothing (the gather writes into the flat weights)."""
+    from training.step.optimizer import deepspeed_data_types, deepspeed_zero_settings
+
+    zero = config.zero_stage
+    if zero == 0:
+        return 0
+    settings = deepspeed_zero_settings(config, params)
+    engine_bytes = 2 if config.mixed_precision in ("bf16", "fp16") else 4
+    if zero == 3:
+        communication = deepspeed_data_types(config).get("communication_data_type")
+        return settings["reduce_bucket_size"] * (4 if communication == "fp32" else engine_bytes)
+    fp32_accumulation = deepspeed_data_types(config).get("data_types", {}).get("grad_accum_dtype") == "fp32"
+    bucket_bytes = 4 if zero == 1 and fp32_accumulation else engine_bytes
+    return (2 if settings["overlap_comm"] else 1) * settings["reduce_bucket_size"] * bucket_bytes
+
+
+def budget_problem(config, estimate: MemoryEstimate) -> str:
+    """'' when the estimate fits gpu_memory_gb, else one line with the fixes and what they give."""
+    budget = config.gpu_memory_gb
+    if estimate.gpu_gb <= budget:
+        return ""
+    rest = estimate.gpu_gb - estimate.gpu["training step"]
+    per_clip = estimate.gpu["training step"] / config.batch_size_per_gpu  # the step grows with the clips per micro-step
+    fixes = []
+    if not config.gradient_checkpointing:
+        checkpointed = estimate_memory(replace(config, gradient_checkpointing=True))
+        fixes.append(f"gradient_checkpointing=true (about {checkpointed.gpu_gb:.0f} GB)")
+    batch = int((HEADROOM * budget - rest) // per_clip) if per_clip > 0 else 0
+    if 1 <= batch < config.batch_size_per_gpu:
+        fixes.append(f"batch_size_per_gpu={batch} (about {rest + batch * per_clip:.0f} GB; raise gradient_accumulation_steps "
+                     "to keep the global batch)")
+    fixes.append("fewer n_frames or smaller height/width")
+    return (f"estimated GPU memory per rank {estimate.gpu_gb:.1f} GB exceeds gpu_memory_gb={budget:g} "
+            f"(training step {estimate.gpu['training step']:.1f} GB): set " + ", or ".join(fixes))

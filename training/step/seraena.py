@@ -1,0 +1,90 @@
+"""Seraena's state in a run: the discriminator, its optimizer, the replay buffer, BatchNorm averaging across ranks.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from models.seraena import Seraena, group_frames, video_context
+from training.step.losses import aligned
+
+
+def all_reduce_mean(tensors: list[torch.Tensor]) -> None:
+    """In place, across all ranks (no-op in one process)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1 or not tensors:
+        return
+    flat = torch.cat([t.reshape(-1).float() for t in tensors])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset : offset + t.numel()].view_as(t).to(t.dtype))
+        offset += t.numel()
+
+
+class SeraenaState:
+    """Seraena in a multi-process run: identical initial weights on every rank (seeded), gradients
+    and BatchNorm statistics averaged each step, so weights and optimizer stay identical. The
+    replay buffer and random state are deliberately per rank (each holds its own fakes): the
+    shared part is registered with accelerate for checkpointing, each rank's own part is written
+    beside it as seraena_rank<R>.pt (rank_state_dict)."""
+
+    def __init__(self, latent_channels: int, learning_rate: float, buffer_size: int, seed: int, rank: int,
+                 device: torch.device, amp_dtype: torch.dtype | None):
+        # the weights from a local generator seeded alike on every rank; the global generators
+        # keep their per-rank state (nothing here may reseed them: that would reseed CUDA too)
+        with torch.random.fork_rng(devices=[]):  # the default initialisation's CPU draws leave no trace
+            self.seraena = Seraena(9, latent_channels, lr=learning_rate, buffer_size=buffer_size,
+                                   seed=seed + rank, amp_dtype=amp_dtype, weight_seed=seed)
+        if next(self.seraena.parameters()).device != torch.device(device):  # (a no-op .to() fails under fake tensors)
+            self.seraena.to(device)
+
+    def loss(self, real: torch.Tensor, decoded: torch.Tensor, latents: torch.Tensor,
+             update_discriminator: bool = True) -> torch.Tensor:
+        """Steps the discriminator (when asked: once per optimizer step of the student, so every
+        profile with the same global batch plays the same game whatever its accumulation), then
+        returns MSE(decoded, corrected target) for the student. The loop calls it only on a step
+        every rank agreed is finite, decode included (StepLosses.nonfinite)."""
+        real_groups = group_frames(aligned(real, decoded)).float()  # under bf16 engines the input video is bf16
+        fake_groups = group_frames(decoded)
+        context = video_context(latents.detach().float(), fake_groups.shape[0] // decoded.shape[0])
+        if update_discriminator:
+            self.seraena.discriminator_step(real_groups, fake_groups.detach().float(), context, reduce_gradients=all_reduce_mean)
+            all_reduce_mean(self.seraena.batchnorm_buffers())
+        target = self.seraena.correct(real_groups, fake_groups.detach().float(), context)
+        return F.mse_loss(fake_groups.float(), target)
+
+    def state_dict(self) -> dict:
+        return {"weights": self.seraena.state_dict(), "training": self.seraena.training_state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seraena.load_state_dict(state["weights"])
+        self.seraena.load_training_state_dict(state["training"])
+
+    def rank_state_dict(self, with_buffer: bool = True) -> dict:
+        state = self.seraena.rank_state_dict()
+        if not with_buffer:
+            del state["buffer"]
+        return state
+
+    def load_rank_state_dict(self, state: dict) -> None:
+        self.seraena.load_rank_state_dict(state)
+
+
+GB = 1e9
+
+def replay_pair_bytes(config, patch_size: int, latent_channels: int) -> int:
+    """Host bytes of one replay-buffer entry: a group of 3 RGB frames (uint8) and its bf16 context."""
+    latent_side = 8 * patch_size
+    context = 2 * latent_channels * math.ceil(config.height / latent_side) * math.ceil(config.width / latent_side)
+    return 9 * config.height * config.width + context
+
+
+def replay_capacity(config, patch_size: int, latent_channels: int) -> int:
+    """seraena_buffer_size, capped so the buffer stays within seraena_buffer_gb of host memory per rank."""
+    fitting = int(config.seraena_buffer_gb * GB // replay_pair_bytes(config, patch_size, latent_channels))
+    return max(1, min(config.seraena_buffer_size, fitting))

@@ -1,0 +1,41 @@
+"""The student's weights as one state dict, whatever holds them (DDP, ZeRO-2/3 partitions), and their fingerprint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+
+def master_weights(accelerator, model) -> dict:
+    """The student's weights as the optimizer holds them, fp32, on the training device, on every
+    rank: under DeepSpeed its fp32 master copies (ZeRO partitions gathered: a collective), not the
+    bf16 copies the forward runs with; otherwise the parameters themselves. Buffers as they are."""
+    student = accelerator.unwrap_model(model)
+    taehv = student.taehv
+    weights = {name: buffer.detach().float() for name, buffer in taehv.named_buffers()}
+    trained = [(name, param) for name, param in taehv.named_parameters() if name not in student.frozen_weights]
+    if accelerator.state.deepspeed_plugin is not None:
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        weights.update({name: safe_get_full_fp32_param(param).detach().float() for name, param in trained})
+    else:
+        weights.update({name: param.detach().float() for name, param in trained})
+    # frozen parts (train_encoder/train_decoder=false): their starting fp32 values, unchanged
+    weights.update({name: value.to(accelerator.device) for name, value in student.frozen_weights.items()})
+    return weights
+
+
+def full_state_dict(accelerator, model) -> dict:
+    """master_weights as CPU copies, in the module's key order (what exports and fingerprints use)."""
+    weights = master_weights(accelerator, model)
+    order = accelerator.unwrap_model(model).taehv.state_dict().keys()
+    return {k: weights[k].cpu().clone() for k in order if k in weights}
+
+
+def weights_fingerprint(state_dict: dict) -> str:
+    """sha256 of the weights (ranks of one job must agree)."""
+    digest = hashlib.sha256()
+    for key in sorted(state_dict):
+        digest.update(key.encode())
+        digest.update(state_dict[key].numpy().tobytes())
+    return digest.hexdigest()[:16]
