@@ -42,7 +42,7 @@ from models import vae_geometry
 # plain data, importable without torch (the launcher's config check reads them there)
 from models.reference_families import (
     FAMILIES,
-    FAMILY_CLASSES,
+    FAMILY,
     IMAGENET_MEAN,
     IMAGENET_STD,
     is_valid_frame_count,
@@ -74,7 +74,7 @@ def vae_class(family: str, geometry: VAEGeometry | None = None):
     """The diffusers class of a named family, or the measured class of any other VAE."""
     import diffusers
 
-    return getattr(diffusers, geometry.class_name if geometry is not None else FAMILY_CLASSES[family])
+    return getattr(diffusers, geometry.class_name if geometry is not None else FAMILY[family].vae_class)
 
 
 def reference_architecture(family: str, geometry: VAEGeometry | None = None, path: str = "") -> nn.Module:
@@ -98,6 +98,7 @@ class ReferenceVAE(nn.Module):
         self.vae = vae.eval().requires_grad_(False)
         self.family = family
         self.geometry = geometry
+        self.imagenet_pixels = family in FAMILY and FAMILY[family].imagenet_pixels  # MiniMax H3
         # a measured VAE's frame rule, worked out once: (m, r, the smallest count) of counts m*k + r
         self._measured_rule = None
         if geometry is not None:
@@ -162,13 +163,13 @@ class ReferenceVAE(nn.Module):
 
     def _to_vae_pixels(self, frames: torch.Tensor) -> torch.Tensor:
         """N,C,T,H,W in [0, 1] -> [-1, 1], or ImageNet-normalised for MiniMax H3."""
-        if self.family == "minimax_h3":
+        if self.imagenet_pixels:
             mean = frames.new_tensor(IMAGENET_MEAN).view(1, 3, 1, 1, 1)
             return (frames - mean) / frames.new_tensor(IMAGENET_STD).view(1, 3, 1, 1, 1)
         return frames * 2 - 1
 
     def _from_vae_pixels(self, frames: torch.Tensor) -> torch.Tensor:
-        if self.family == "minimax_h3":
+        if self.imagenet_pixels:
             mean = frames.new_tensor(IMAGENET_MEAN).view(1, 3, 1, 1, 1)
             return (frames * frames.new_tensor(IMAGENET_STD).view(1, 3, 1, 1, 1) + mean).clamp(0, 1)
         return ((frames + 1) / 2).clamp(0, 1)

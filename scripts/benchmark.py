@@ -225,6 +225,7 @@ def distillation_step_times(args, device: torch.device, data_root: Path) -> dict
 
     from models.reference_families import valid_frame_counts
     from models.reference_vae import ReferenceVAE
+    from training.config.terms import WEIGHT_KEYS
     from training.data.latent_cache import CachedClipDataset
     from training.step.losses import Student, compute_losses
 
@@ -250,8 +251,9 @@ def distillation_step_times(args, device: torch.device, data_root: Path) -> dict
         torch.manual_seed(0)
         student = Student(TAEHV(args.variant)).to(device).train()
         optimizer = torch.optim.AdamW(student.parameters(), lr=1e-4)
-        weights = SimpleNamespace(encoder_weight=0.1, decoder_weight=0.1, reconstruction_weight=10.0, seraena_weight=0.0,
-                                  perceptual_weight=0.0, temporal_weight=0.0, pixel_loss="mse")
+        # encoder, decoder and reconstruction terms; every other term (training/config/terms.py) off
+        weights = SimpleNamespace(**{**dict.fromkeys(WEIGHT_KEYS, 0.0), "encoder_weight": 0.1, "decoder_weight": 0.1,
+                                     "reconstruction_weight": 10.0}, pixel_loss="mse")
         video = torch.rand(args.batch, frames, 3, args.height, args.width, device=device)
         in_memory = reference.encode(video)
         rng = random.Random(0)

@@ -186,3 +186,44 @@ def test_the_storage_retry_window_stays_inside_the_step_timeout():
         load_config("test", remote + ["storage_retry_s=600"], check_paths=False)
     assert load_config("test", remote + ["storage_retry_s=600", "step_timeout_s=1200"], check_paths=False).storage_retry_s == 600
     assert load_config("test", ["storage_retry_s=600"], check_paths=False).storage_retry_s == 600  # a local folder: no store
+
+
+def test_key_lists_are_derived_from_the_tags_of_existing_keys():
+    """RESUME_MAY_CHANGE, STAGE_FIXED_KEYS, the measurement cache keys, the 1:1 legacy names and the
+    launcher's shell variables come from option(..., tag=...) in schema.py: each names a real key,
+    and the keys that matter for each list carry its tag."""
+    import dataclasses
+    import re
+
+    from training.config.legacy import LEGACY_KEYS, LEGACY_SPECIAL
+    from training.config.load import STAGE_FIXED_KEYS
+    from training.config.schema import DERIVED_KEYS, FIELD_TYPES, TrainConfig, measured_keys, tagged
+    from training.plan.memory import MEASURED_KEYS  # torch: imported here, not for the whole file
+    from training.run.folder import RESUME_MAY_CHANGE
+
+    assert all("measured" in f.metadata for f in dataclasses.fields(TrainConfig)), "declare every key with option()"
+    assert RESUME_MAY_CHANGE <= set(SETTABLE_KEYS) and STAGE_FIXED_KEYS <= set(SETTABLE_KEYS)
+    # a resume may extend the run, retune its loaders and limits, and convert its topology (training/run/elastic.py) ...
+    assert {"max_steps", "num_workers", "nccl_timeout_s", "gradient_checkpointing", "supported_num_gpus",
+            "accelerate_config", "batch_size_per_gpu", "gradient_accumulation_steps", "global_batch_size"} <= RESUME_MAY_CHANGE
+    # ... but not what the run learns: that is another run
+    weights = {key for key in FIELD_TYPES if key.endswith("_weight")}
+    assert len(weights) >= 6 and not (weights | {"learning_rate", "data_root", "height", "width", "n_frames",
+                                                 "model_variant", "ref_vae_path", "ref_vae_family"}) & RESUME_MAY_CHANGE
+    assert {"stages", "stage", "max_steps", "model_variant"} <= STAGE_FIXED_KEYS
+    # a cached measurement is stale when a key it depends on is missing: the losses, the clip, the model, the precision
+    step = weights | {"batch_size_per_gpu", "n_frames", "height", "width", "student_args", "use_ref_vae",
+                      "reference_family", "reference_geometry", "latent_cache"}
+    assert step <= set(measured_keys("flops")) <= set(MEASURED_KEYS)  # the memory is measured on the same step
+    assert {"zero_stage", "mixed_precision", "gradient_checkpointing", "train_encoder", "pixel_loss"} <= set(MEASURED_KEYS)
+    # the legacy names: one old name per key, none also in the hand-written table, each to an existing key
+    old_names = list(tagged("legacy").values())
+    assert len(old_names) == len(set(old_names)) and not set(old_names) & set(LEGACY_SPECIAL)
+    assert {"max_train_steps": "max_steps", "reconstruction_loss_weight": "reconstruction_weight"}.items() <= \
+        {old: entry.new for old, entry in LEGACY_KEYS.items()}.items()
+    for entry in LEGACY_KEYS.values():
+        assert {key for key, _ in entry.also} | {entry.new} - {None} <= set(SETTABLE_KEYS) | DERIVED_KEYS
+    # the shell variables: unique, and each read by the launcher
+    launcher = (REPO_ROOT / "train_taehv_h100.sh").read_text()
+    shell = list(tagged("shell").values())
+    assert len(shell) == len(set(shell)) and all(re.search(rf"\b{name}\b", launcher) for name in shell)

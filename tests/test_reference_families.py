@@ -60,3 +60,24 @@ def test_frame_rules_measured_on_the_classes_are_the_ones_declared():
         for n in valid_frame_counts(family, 2 * modulus + remainder + 1)[:2]:
             with torch.no_grad():
                 assert reference.decode(reference.encode(torch.rand(1, n, 3, 32 if family != "ltx2" else 64, 64))).shape[1] == n
+
+
+def test_a_family_is_one_record_read_without_torch():
+    """The launcher's first step reads the records without torch; the tables other code reads are
+    derived from them, and each record is consistent with itself."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from models.reference_families import FAMILY, FAMILY_RECORDS, SUPPORTED_LATENT_SPACES, public_variant
+    from models.variants import VARIANTS
+
+    probe = "import sys, models.reference_families; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", probe], check=True, cwd=Path(__file__).resolve().parents[1])
+    assert len(FAMILY) == len(FAMILY_RECORDS) == len({f.vae_class for f in FAMILY_RECORDS})
+    for family in FAMILY_RECORDS:
+        assert family.latent_space in family.latent_spaces
+        assert SUPPORTED_LATENT_SPACES[family.name] == family.latent_spaces
+        assert family.public_variant in VARIANTS and all(variant in VARIANTS for *_, variant in family.layouts)
+        assert family.parameter_count > 1e6
+    assert (public_variant("wan"), public_variant("wan", {"z_dim": 48})) == ("taew2_1", "taew2_2")

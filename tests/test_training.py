@@ -40,8 +40,10 @@ def tiny_reference(family: str) -> ReferenceVAE:
 
 
 def loss_config(**weights):
-    base = dict(encoder_weight=0.1, decoder_weight=0.1, reconstruction_weight=10.0, seraena_weight=0.0,
-                perceptual_weight=0.0, temporal_weight=0.0, pixel_loss="mse", lpips_bf16=False, mixed_precision="no")
+    from training.config.terms import WEIGHT_KEYS
+
+    base = dict(dict.fromkeys(WEIGHT_KEYS, 0.0), encoder_weight=0.1, decoder_weight=0.1, reconstruction_weight=10.0,
+                pixel_loss="mse", lpips_bf16=False, mixed_precision="no")
     return SimpleNamespace(**{**base, **weights})
 
 

@@ -16,13 +16,17 @@ def configuration_markdown() -> str:
         "Generated from `training/config/schema.py` by `python -m training.plan --markdown > docs/configuration.md`;",
         "a test fails when this file is out of date. Profiles in `training/configs/` state only what differs.",
         "Set any key at launch with `--set key=value` (repeatable).",
+        "A resume of a recorded run may change only the keys marked in the column *resume may change*",
+        "([launching.md](launching.md#preemption-and-resume)); any other change is refused.",
         "",
-        "| key | type | default | meaning |",
-        "|---|---|---|---|",
+        "| key | type | default | resume may change | meaning |",
+        "|---|---|---|---|---|",
     ]
     defaults = TrainConfig()
     for f in dataclasses.fields(TrainConfig):
-        lines.append(f"| `{f.name}` | {FIELD_TYPES[f.name].__name__} | `{getattr(defaults, f.name)!r}` | {f.metadata['help']} |")
+        resume = "yes" if f.metadata["resume_may_change"] else ""
+        lines.append(f"| `{f.name}` | {FIELD_TYPES[f.name].__name__} | `{getattr(defaults, f.name)!r}` | {resume} | "
+                     f"{f.metadata['help']} |")
     from training.config.legacy import legacy_markdown
 
     return "\n".join(lines + legacy_markdown()) + "\n"

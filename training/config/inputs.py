@@ -9,6 +9,7 @@ from pathlib import Path
 from models.reference_families import PUBLIC_PIPELINES
 from training.base.storage import ObjectStore, is_remote
 from training.config.schema import HUB_ID, ConfigError, TrainConfig
+from training.config.terms import active_terms
 from training.config.views import latent_space
 
 
@@ -83,8 +84,8 @@ def input_problems(c: TrainConfig) -> list[str]:
     for key in ("lpips_weights_path", "lpips_backbone_path"):
         if getattr(c, key) and not Path(getattr(c, key)).is_file():
             problems.append(f"{key}={getattr(c, key)!r} does not exist: fix the path")
-    needs_lpips = [f"{k}={getattr(c, k)}" for k in ("perceptual_weight", "best_metric")
-                   if (k == "perceptual_weight" and c.perceptual_weight > 0) or (k == "best_metric" and "lpips" in c.best_metric)]
+    needs_lpips = [f"{t.weight_key}={getattr(c, t.weight_key)}" for t in active_terms(c) if t.module == "lpips"]
+    needs_lpips += [f"best_metric={c.best_metric}"] * ("lpips" in c.best_metric)
     if needs_lpips and not any(p.startswith("lpips_") for p in problems):
         from models.metrics import LPIPSUnavailable, find_lpips_weights
 

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 from models.reference_families import FRAME_RULES
 from training.config.load import read_accelerate_file
-from training.config.schema import ACCELERATE_CONFIG_DIR, FIELD_TYPES, SETTABLE_KEYS, ConfigError, TrainConfig
+from training.config.schema import ACCELERATE_CONFIG_DIR, FIELD_TYPES, SETTABLE_KEYS, ConfigError, TrainConfig, tagged
 from training.config.views import valid_frame_counts
 
 
@@ -32,46 +32,19 @@ class LegacyKey(NamedTuple):
     also: tuple = ()  # (key, value) pairs the old key implies
 
 
-LEGACY_KEYS: dict[str, LegacyKey] = {
-    # --- optimisation
+# Old keys that map 1:1 to a config key are declared on it: option(..., legacy="old name") in schema.py.
+# Here: the old keys whose mapping needs a word (meaning, units or neighbours changed) or that are no config key.
+LEGACY_SPECIAL: dict[str, LegacyKey] = {
     "train_batch_size": LegacyKey("batch_size_per_gpu", "clips per process per micro-step, as before"),
-    "gradient_accumulation_steps": LegacyKey("gradient_accumulation_steps"),
-    "learning_rate": LegacyKey("learning_rate"),
-    "max_train_steps": LegacyKey("max_steps"),
-    "lr_warmup_steps": LegacyKey("warmup_steps"),
-    "lr_scheduler": LegacyKey("lr_scheduler"),
-    "adam_weight_decay": LegacyKey("weight_decay"),
-    "max_grad_norm": LegacyKey("max_grad_norm"),
-    "gradient_checkpointing": LegacyKey("gradient_checkpointing"),
-    "seed": LegacyKey("seed"),
-    # --- losses
-    "reconstruction_loss_weight": LegacyKey("reconstruction_weight"),
-    "encoder_loss_weight": LegacyKey("encoder_weight"),
-    "decoder_loss_weight": LegacyKey("decoder_weight"),
     "perceptual_loss_weight": LegacyKey("perceptual_weight",
                                         "> 0 needs the LPIPS files: lpips_backbone_path and lpips_weights_path"),
-    "seraena_loss_weight": LegacyKey("seraena_weight"),
     "use_seraena": LegacyKey("seraena_weight",
                              "False sets seraena_weight=0; True keeps the weight (a term is on while its weight is > 0)"),
-    # --- model and reference VAE
-    "pretrained_model_path": LegacyKey("pretrained_model_path"),
-    "use_ref_vae": LegacyKey("use_ref_vae"),
     "cogvideox_model_path": LegacyKey("ref_vae_path", "the reference VAE family is now a key of its own",
                                       also=(("ref_vae_family", "cogvideox"),)),
-    # --- data
-    "data_root": LegacyKey("data_root"),
     "annotation_file": LegacyKey("index_path", "JSON, JSONL or CSV index"),
-    "dataloader_num_workers": LegacyKey("num_workers"),
-    "height": LegacyKey("height"),
-    "width": LegacyKey("width"),
     "n_frames": LegacyKey("n_frames",
                           "lowered to the largest count the frame rule allows (cogvideox 8k+1: 12 -> 9), so no more memory"),
-    # --- validation, checkpoints, run
-    "num_validation_samples": LegacyKey("validation_samples"),
-    "validation_batch_size": LegacyKey("validation_batch_size"),
-    "metric_for_best_model": LegacyKey("best_metric"),
-    "early_stopping_patience": LegacyKey("early_stopping_patience"),
-    "checkpointing_steps": LegacyKey("checkpointing_steps"),
     "output_dir": LegacyKey("output_dir", "train_taehv_h100.sh replaces it with `--output-dir` (default `output/<timestamp>`)"),
     "nccl_timeout": LegacyKey("nccl_timeout_s", "seconds"),
     # --- not config keys
@@ -82,6 +55,13 @@ LEGACY_KEYS: dict[str, LegacyKey] = {
     "tracker_project_name": LegacyKey(None, "TensorBoard needs no project name"),
     "allow_tf32": LegacyKey(None, "TF32 is always on for GPUs"),
 }
+
+# Every old key, in the order of the keys they map to in TrainConfig (docs/configuration.md lists them
+# so); the old keys that are no config key last.
+_ONE_TO_ONE = {old: LegacyKey(new) for new, old in tagged("legacy").items()}
+_ORDER = {key: i for i, key in enumerate(FIELD_TYPES)}
+LEGACY_KEYS: dict[str, LegacyKey] = dict(sorted({**_ONE_TO_ONE, **LEGACY_SPECIAL}.items(),
+                                                key=lambda item: _ORDER.get(item[1].new, len(_ORDER))))
 
 # Old configs ran on any GPU count: no process count check (supported_num_gpus=()), batch derived.
 LEGACY_BASE = {"supported_num_gpus": (), "global_batch_size": 0}

@@ -25,6 +25,7 @@ from training.config.schema import (
     SETTABLE_KEYS,
     ConfigError,
     TrainConfig,
+    tagged,
 )
 from training.config.views import student_of
 
@@ -135,8 +136,8 @@ def parse_set_arguments(items: list[str]) -> dict:
     return parsed
 
 
-STAGE_FIXED_KEYS = {"stages", "stage", "output_dir", "pretrained_model_path", "accelerate_config", "supported_num_gpus",
-                    "model_variant", "max_steps"}
+# keys a stage may not set (max_steps comes from its steps): option(..., stage_fixed=True) in schema.py
+STAGE_FIXED_KEYS = set(tagged("stage_fixed"))
 
 
 def stage_overrides(stages: tuple, stage: int, source: str) -> dict:

@@ -8,6 +8,7 @@ from models.variants import VARIANTS
 from training.base.lr_schedule import SCHEDULES
 from training.base.storage import ObjectStore, StorageError, is_remote
 from training.config.inputs import check_required_paths
+from training.config.terms import LOSS_TERMS, WEIGHT_KEYS
 from training.config.schema import (
     ACCELERATE_CONFIG_DIR,
     CAPPED_TO_MAX_STEPS,
@@ -131,14 +132,14 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
         raise ConfigError(f"compile_backend={c.compile_backend!r}: choose one of {', '.join(COMPILE_BACKENDS)}")
     if c.seraena_buffer_gb <= 0:
         raise ConfigError(f"seraena_buffer_gb={c.seraena_buffer_gb} must be positive (host memory per rank for the replay buffer)")
-    for key in ("reconstruction_weight", "encoder_weight", "decoder_weight", "perceptual_weight", "seraena_weight", "temporal_weight",
-                "learning_rate"):
+    for key in (*WEIGHT_KEYS, "learning_rate"):
         if getattr(c, key) < 0:
             raise ConfigError(f"{key}={getattr(c, key)} must not be negative")
-    if not c.use_ref_vae and (c.encoder_weight > 0 or c.decoder_weight > 0):
+    reference_keys = [term.weight_key for term in LOSS_TERMS if term.needs_reference]
+    if not c.use_ref_vae and any(getattr(c, key) > 0 for key in reference_keys):
         raise ConfigError(
-            f"use_ref_vae=False (autoencoder mode) has no reference latents: set encoder_weight=0 and decoder_weight=0 "
-            f"(got {c.encoder_weight} and {c.decoder_weight})"
+            f"use_ref_vae=False (autoencoder mode) has no reference latents: set {' and '.join(f'{k}=0' for k in reference_keys)} "
+            f"(got {' and '.join(str(getattr(c, key)) for key in reference_keys)})"
         )
     if c.supported_num_gpus and c.num_processes not in c.supported_num_gpus:
         raise ConfigError(

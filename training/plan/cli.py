@@ -10,7 +10,7 @@ from pathlib import Path
 from training.config.docs import configuration_markdown
 from training.config.inputs import data_root_problem, input_problems
 from training.config.load import profile_overrides, stage_names
-from training.config.schema import ACCELERATE_CONFIG_DIR, ConfigError, TrainConfig, error_line
+from training.config.schema import ACCELERATE_CONFIG_DIR, ConfigError, TrainConfig, error_line, tagged
 from training.config.views import config_summary, model_lines
 
 
@@ -28,6 +28,13 @@ def print_memory(config: TrainConfig, check_gpu_budget: bool, problem_stream, pr
     if problem:
         print(f"config error: {problem}", file=problem_stream)
     return bool(problem)
+
+
+def shell_tagged_values(config: TrainConfig) -> dict:
+    """The keys the launcher reads as they are, by their shell names (option(..., shell="NAME") in
+    training/config/schema.py); a bool as 1/0, for bash's (( ))."""
+    values = {name: getattr(config, key) for key, name in tagged("shell").items()}
+    return {name: int(value) if isinstance(value, bool) else value for name, value in values.items()}
 
 
 def visible_gpu_count() -> int:
@@ -146,24 +153,15 @@ def main(argv: list[str] | None = None) -> int:
         shell_values = {
             "CONFIG_SOURCE": source,
             "ACCELERATE_CONFIG_FILE": str(ACCELERATE_CONFIG_DIR / config.accelerate_config),
-            "CONFIG_ZERO_STAGE": config.zero_stage,
-            "CONFIG_MIXED_PRECISION": config.mixed_precision,
-            "CONFIG_NCCL_TIMEOUT_S": config.nccl_timeout_s,
-            "CONFIG_GLOBAL_BATCH": config.global_batch_size,
-            "CONFIG_BATCH_PER_GPU": config.batch_size_per_gpu,
-            "CONFIG_ACCUMULATION": config.gradient_accumulation_steps,
+            **shell_tagged_values(config),
             "CONFIG_CLIP": f"{config.n_frames} frames of {config.height}x{config.width} ({config.latent_frames} latent frames)",
-            "CONFIG_MAX_STEPS": config.max_steps,
             "RUN_DIR": run.run_dir,
-            "CONFIG_DATA_ROOT": config.data_root,
-            "CONFIG_PRETRAINED": config.pretrained_model_path,
             "CONFIG_REF_VAE": config.ref_vae_path if config.use_ref_vae else "(autoencoder mode)",
             "CONFIG_MODEL": " | ".join(model_lines(config)),
             "VISIBLE_GPUS": visible_gpu_count(),  # 0 also decides a cpu/test launch is a CPU run (the launcher)
             "CONFIG_STAGES": " ".join(f"{name}:{dict(entry)['steps']}" for name, entry in zip(stage_names(config.stages), config.stages)),
             # /dev/shm against the data loaders of this node ('' when it fits): refused, or a warning
             "SHM_PROBLEM": shared_memory_problem(config, args.processes_per_node),
-            "CONFIG_CHECK_SHM": int(config.check_shared_memory),
         }
         for key, value in shell_values.items():
             print(f"{key}={shlex.quote(str(value))}")

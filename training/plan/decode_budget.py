@@ -29,17 +29,17 @@ def step_tflops_by_part(config) -> dict[str, float]:
     kept in ~/.cache/taehv/step_flops_by_part.json by what they depend on, so repeated dry runs do
     not count again."""
     from models.measure_cache import cached_measurement
+    from training.config.schema import measured_keys
 
     def count() -> dict[str, float]:
         from training.plan.step_flops import step_flops
 
         return {part: flops / 1e12 for part, flops in step_flops(config).items()}
 
-    keys = ("student_args", "batch_size_per_gpu", "n_frames", "height", "width", "use_ref_vae", "reference_family",
-            "reference_geometry", "ref_vae_path", "latent_cache", "reconstruction_weight", "encoder_weight", "decoder_weight",
-            "perceptual_weight", "seraena_weight", "temporal_weight")
+    keys = measured_keys("flops")  # declared with option(..., measured=(..., "flops")) in training/config/schema.py
     return cached_measurement("step_flops_by_part", config, keys,
-                              ("training/plan/step_flops.py", "models/taehv.py", "models/variants.py"), count)
+                              ("training/plan/step_flops.py", "training/config/terms.py", "models/taehv.py",
+                               "models/variants.py"), count)
 
 
 PART_NAMES = {"student": "student", "reference": "reference VAE encode", "lpips": "LPIPS", "seraena": "Seraena"}

@@ -42,6 +42,9 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from models.measure_cache import cached_measurement
+from models.reference_families import FAMILY
+from training.config.schema import measured_keys
+from training.config.terms import needs_module
 from training.config.views import measured_geometry, student_of
 from training.step.seraena import replay_capacity, replay_pair_bytes
 
@@ -57,8 +60,7 @@ CUDNN_WORKSPACE_GB = 1.0
 HOST_BASELINE_GB = 3.0  # python, torch, CUDA libraries, the model copies of one rank process
 
 
-REFERENCE_VAE_PARAMS = {"cogvideox": 215.6e6, "hunyuan": 246.5e6, "wan": 126.9e6,  # Wan 2.2's layout: 704.7e6
-                        "hunyuan1_5": 1260.6e6, "ltx": 419.2e6, "ltx2": 1222.5e6, "minimax_h3": 2603.9e6}
+MEASURED_VAE_PARAMS = 250e6  # a VAE no family names (ref_vae_family=auto, measured): the families' records say theirs
 
 
 LPIPS_PARAMS = 2.47e6 + 0.0015e6  # AlexNet features + linear heads
@@ -177,10 +179,10 @@ def measure_step(config, fake: bool = True, batch: int | None = None, height: in
         if config.use_ref_vae:
             with torch.no_grad():
                 latents = torch.randn_like(taehv.encode_video(video).float())
-        lpips = LPIPS() if config.perceptual_weight > 0 else None
+        lpips = LPIPS() if needs_module(config, "lpips") else None
         seraena = (SeraenaState(taehv.latent_channels, config.seraena_learning_rate, 4, 0, 0, torch.device("cpu"),
                                 torch.bfloat16 if config.mixed_precision == "bf16" else None)
-                   if config.seraena_weight > 0 else None)
+                   if needs_module(config, "seraena") else None)
         modules = [m for m in (student, lpips, seraena and seraena.seraena) if m is not None]
         tracker = StepPeak()
         with tracker:
@@ -224,16 +226,14 @@ def measure_reference_encode(config) -> int:
         return tracker.peak - weights
 
 
-# what the measured step and reference encode depend on (models/measure_cache.py keeps them)
-MEASURED_KEYS = ("student_args", "gradient_checkpointing", "channels_last", "train_encoder", "train_decoder", "use_ref_vae",
-                 "reference_family", "reference_geometry", "ref_vae_path", "ref_vae_tiling", "ref_vae_sample_latents",
-                 "latent_cache", "batch_size_per_gpu", "n_frames", "height", "width", "image_only", "zero_stage",
-                 "mixed_precision", "pixel_loss", "lpips_bf16", "reconstruction_weight", "encoder_weight", "decoder_weight",
-                 "perceptual_weight", "seraena_weight", "temporal_weight")
+# what the measured step and reference encode depend on (models/measure_cache.py keeps them by these
+# keys' values): the keys declared with option(..., measured=("memory", ...)) in training/config/schema.py
+MEASURED_KEYS = measured_keys("memory")
 
 
-MEASURING_CODE = ("training/plan/memory.py", "training/step/losses.py", "training/step/seraena.py", "models/taehv.py", "models/variants.py", "models/seraena.py",
-                  "models/metrics.py", "models/reference_vae.py", "models/vae_geometry.py")
+MEASURING_CODE = ("training/plan/memory.py", "training/step/losses.py", "training/config/terms.py", "training/step/seraena.py",
+                  "models/taehv.py", "models/variants.py", "models/seraena.py", "models/metrics.py", "models/reference_vae.py",
+                  "models/reference_families.py", "models/vae_geometry.py")
 
 
 def estimate_memory(config) -> MemoryEstimate:
@@ -261,9 +261,10 @@ def estimate_memory(config) -> MemoryEstimate:
             gpu["weights"] /= processes
     ema_share = processes if zero in (1, 2) else 1  # ZeRO-1/2: each rank averages its own partition
     gpu["EMA"] = params * 4 / ema_share / GB if config.ema_decay > 0 else 0.0
-    gpu["LPIPS"] = LPIPS_PARAMS * 4 / GB if config.perceptual_weight > 0 else 0.0
+    gpu["LPIPS"] = LPIPS_PARAMS * 4 / GB if needs_module(config, "lpips") else 0.0
     if config.use_ref_vae and not config.latent_cache:
-        gpu["reference VAE weights"] = REFERENCE_VAE_PARAMS.get(config.reference_family, 250e6) * 2 / GB
+        family = FAMILY.get(config.reference_family)
+        gpu["reference VAE weights"] = (family.parameter_count if family else MEASURED_VAE_PARAMS) * 2 / GB
         try:
             estimate.reference_encode_gb = cached_measurement("reference_encode_memory", config, MEASURED_KEYS,
                                                               MEASURING_CODE, lambda: measure_reference_encode(config)) / GB
@@ -275,7 +276,7 @@ def estimate_memory(config) -> MemoryEstimate:
     gpu["CUDA context"] = CUDA_CONTEXT_GB
 
     pair_bytes = replay_pair_bytes(config, model.patch_size, model.latent_channels)
-    buffer = replay_capacity(config, model.patch_size, model.latent_channels) * pair_bytes if config.seraena_weight > 0 else 0
+    buffer = replay_capacity(config, model.patch_size, model.latent_channels) * pair_bytes if needs_module(config, "seraena") else 0
     clip_bytes = config.n_frames * 3 * config.height * config.width
     estimate.host = {
         "replay buffer": buffer / GB,

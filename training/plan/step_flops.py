@@ -25,6 +25,7 @@ from torch.utils.flop_counter import conv_backward_flop as torch_conv_backward_f
 from torch.utils.flop_counter import conv_flop as torch_conv_flop
 
 from models.taehv import TAEHV
+from training.config.terms import needs_module, student_needs
 from training.config.views import measured_geometry, student_of
 
 
@@ -91,10 +92,7 @@ def step_flops(config) -> dict[str, float]:
     """{part: FLOPs of one micro-step on one rank} for the parts above, and "total"."""
     batch, frames, height, width = config.batch_size_per_gpu, config.n_frames, config.height, config.width
     distill = config.use_ref_vae
-    judged = config.seraena_weight > 0 or config.perceptual_weight > 0 or config.temporal_weight > 0
-    want_latents = distill and config.encoder_weight > 0
-    want_roundtrip = config.reconstruction_weight > 0 or (not distill and judged)
-    want_reference_decode = distill and (config.decoder_weight > 0 or judged)
+    needs = student_needs(config)  # the outputs the terms on read (training/config/terms.py)
     parts: dict[str, float] = {}
     with torch.device("meta"):
         taehv = TAEHV(student_of(config)).train()
@@ -105,24 +103,24 @@ def step_flops(config) -> dict[str, float]:
 
         def student_step():
             outputs = []
-            latents = taehv.encode_video(video) if want_latents or want_roundtrip else None
-            if want_latents:
+            latents = taehv.encode_video(video) if needs.encode else None
+            if needs.latents:
                 outputs.append(latents)
-            if want_roundtrip:
+            if needs.roundtrip:
                 outputs.append(taehv.decode_video(latents))
-            if want_reference_decode:
+            if needs.reference_decode:
                 outputs.append(taehv.decode_video(reference_latents))
             sum(o.float().mean() for o in outputs).backward()
 
         parts["student"] = _counted(student_step)
         decoded_frames = taehv.decoded_frame_count(latent_shape[1])
         decoded = torch.rand(batch, decoded_frames, 3, height, width, requires_grad=True)
-        if config.perceptual_weight > 0:
+        if needs_module(config, "lpips"):
             from models.metrics import LPIPS
 
             lpips = LPIPS().requires_grad_(False)
             parts["lpips"] = _counted(lambda: lpips(decoded, video[:, :decoded_frames]).mean().backward())
-        if config.seraena_weight > 0:
+        if needs_module(config, "seraena"):
             parts["seraena"] = _seraena_flops(decoded, reference_latents)
         if distill and not config.latent_cache:
             parts["reference"] = _reference_flops(config, video)

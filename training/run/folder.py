@@ -23,23 +23,15 @@ from pathlib import Path
 
 from training.base.files import write_json
 from training.config.load import _check_type, build_config, launch_values, write_resolved_config
-from training.config.schema import DERIVED_KEYS, SETTABLE_KEYS, ConfigError, ResumeError, TrainConfig
+from training.config.schema import DERIVED_KEYS, SETTABLE_KEYS, ConfigError, ResumeError, TrainConfig, tagged
 from training.run.checkpoint_files import complete_checkpoints
 
 # What a resume may change: how long the run goes and how often it reports and saves, how its data
 # is loaded, its limits and timeouts, switches that compute the same values, where the LPIPS files
 # are, and the topology an elastic resume converts (training/run/elastic.py). Anything else (data,
 # losses, learning rate, model, clip shape) would make it another run: branch it into a new folder.
-RESUME_MAY_CHANGE = frozenset({
-    "max_steps", "log_every", "validation_steps", "validation_samples", "validation_batch_size",
-    "checkpointing_steps", "checkpoints_total_limit", "early_stopping_patience",
-    "num_workers", "prefetch_factor", "decode_threads", "persistent_workers", "check_shared_memory",
-    "seraena_buffer_in_checkpoints", "storage_retry_s",
-    "max_consecutive_bad_steps", "max_failed_fraction", "nccl_timeout_s", "step_timeout_s", "gpu_memory_gb",
-    "gradient_checkpointing", "channels_last", "compile", "compile_backend", "cudnn_benchmark", "lpips_bf16",
-    "lpips_weights_path", "lpips_backbone_path",
-    "supported_num_gpus", "accelerate_config", "batch_size_per_gpu", "gradient_accumulation_steps", "global_batch_size",
-})
+# Each such key says so where it is declared: option(..., resume_may_change=True) in training/config/schema.py.
+RESUME_MAY_CHANGE = frozenset(tagged("resume_may_change"))
 
 
 RESOLVED = "resolved_config.json"

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from models.metrics import psnr
 from models.taehv import TAEHV
+from training.config.terms import active_terms, source, student_needs
 
 if TYPE_CHECKING:
     from training.step.seraena import SeraenaState
@@ -68,44 +69,52 @@ class StepLosses:
         return bad
 
 
+def _latent_mse(config, latents, video, reference_latents, lpips):
+    return F.mse_loss(latents.float(), reference_latents)
+
+
+def _pixels(config, decoded, video, reference_latents, lpips):
+    decoded = decoded.float()
+    return pixel_loss(config.pixel_loss, decoded, aligned(video, decoded))
+
+
+def _perceptual(config, decoded, video, reference_latents, lpips):
+    if lpips is None:
+        raise ValueError("perceptual_weight > 0 but no LPIPS model was given (models.metrics.load_lpips)")
+    decoded = decoded.float()
+    # bf16 autocast under a bf16 run (lpips_bf16): AlexNet's convolutions on tensor cores
+    with torch.autocast(decoded.device.type, torch.bfloat16, enabled=config.lpips_bf16 and config.mixed_precision == "bf16"):
+        perceptual = lpips(decoded, aligned(video, decoded)).mean()
+    return perceptual.float()
+
+
+def _temporal(config, decoded, video, reference_latents, lpips):
+    decoded = decoded.float()
+    return pixel_loss(config.pixel_loss, frame_changes(decoded), frame_changes(aligned(video, decoded).float()))
+
+
+# the formula of each local term, by name; what it reads and needs is its record in training/config/terms.py
+TERM_LOSSES = {"encoder": _latent_mse, "decoder": _pixels, "reconstruction": _pixels, "perceptual": _perceptual,
+               "temporal": _temporal}
+
+
 def forward_losses(config, student, video: torch.Tensor, reference_latents: torch.Tensor | None,
                    lpips: nn.Module | None = None) -> StepLosses:
     """The student's forward and every loss term that needs no other rank. No collective runs
     here (training/base/agreement.py): Seraena's term, whose discriminator update all-reduces, is
     added by add_seraena_term once every rank agreed the step is good."""
     distill = reference_latents is not None
-    judged = config.seraena_weight > 0 or config.perceptual_weight > 0 or config.temporal_weight > 0  # terms on "the" decode
-    outputs = student(
-        video, reference_latents,
-        want_latents=distill and config.encoder_weight > 0,
-        want_roundtrip=config.reconstruction_weight > 0 or (not distill and judged),
-        want_reference_decode=distill and (config.decoder_weight > 0 or judged),
-    )
-    terms = {}
-    if distill and config.encoder_weight > 0:
-        terms["encoder"] = (config.encoder_weight, F.mse_loss(outputs["latents"].float(), reference_latents))
-    if distill and config.decoder_weight > 0:
-        decoded = outputs["reference_decode"].float()
-        terms["decoder"] = (config.decoder_weight, pixel_loss(config.pixel_loss, decoded, aligned(video, decoded)))
-    if config.reconstruction_weight > 0:
-        decoded = outputs["roundtrip"].float()
-        terms["reconstruction"] = (config.reconstruction_weight, pixel_loss(config.pixel_loss, decoded, aligned(video, decoded)))
-    judged_decode = outputs["reference_decode"] if distill and judged else outputs.get("roundtrip")
-    if config.perceptual_weight > 0:
-        if lpips is None:
-            raise ValueError("perceptual_weight > 0 but no LPIPS model was given (models.metrics.load_lpips)")
-        decoded = judged_decode.float()
-        # bf16 autocast under a bf16 run (lpips_bf16): AlexNet's convolutions on tensor cores
-        with torch.autocast(decoded.device.type, torch.bfloat16, enabled=config.lpips_bf16 and config.mixed_precision == "bf16"):
-            perceptual = lpips(decoded, aligned(video, decoded)).mean()
-        terms["perceptual"] = (config.perceptual_weight, perceptual.float())
-    if config.temporal_weight > 0:
-        decoded = judged_decode.float()
-        terms["temporal"] = (config.temporal_weight, pixel_loss(config.pixel_loss, frame_changes(decoded),
-                                                                frame_changes(aligned(video, decoded).float())))
-    seraena_inputs = None
-    if config.seraena_weight > 0:
-        seraena_inputs = (video, judged_decode.float(), reference_latents if distill else outputs["latents"])
+    needs = student_needs(config, distill)
+    outputs = student(video, reference_latents, want_latents=needs.latents, want_roundtrip=needs.roundtrip,
+                      want_reference_decode=needs.reference_decode)
+    terms, seraena_inputs = {}, None
+    for term in active_terms(config, distill):  # in the table's order: the total's sum as before
+        read = outputs[source(term, distill)]
+        if term.across_ranks:  # Seraena's: what add_seraena_term needs
+            seraena_inputs = (video, read.float(), reference_latents if distill else outputs["latents"])
+        else:
+            terms[term.name] = (getattr(config, term.weight_key),
+                                TERM_LOSSES[term.name](config, read, video, reference_latents, lpips))
     total = sum((weight * value for weight, value in terms.values()), torch.zeros((), device=video.device))
     shown = outputs.get("reference_decode", outputs.get("roundtrip"))
     logged = {name: value.detach() for name, (_, value) in terms.items()}
