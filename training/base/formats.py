@@ -1,4 +1,4 @@
-"""Names on disk that several layers agree on: video file extensions, the prepared-dataset marker, the latent cache's metadata.
+"""Names on disk that several layers agree on: video file extensions and the prepared-dataset marker.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """What a run reports while it trains: the plain log (stdout and <run>/train.log), TensorBoard
-scalars per log interval, and an optional torch.profiler trace.
-"""
+scalars per log interval, and an optional torch.profiler trace."""
 
 from __future__ import annotations
 

@@ -51,7 +51,6 @@ class VideoClipDataset(Dataset):
         return len(self.index)
 
     def __getitem__(self, key) -> dict:
-        crash_if_injected()
         epoch, index = key if isinstance(key, tuple) else (0, key)
         rng = random.Random(f"{self.seed}/{epoch}/{index}")
         spec, skipped, decoded = self.spec, [], 0
@@ -112,32 +111,6 @@ def describe_skips(skipped: list[tuple[str, str]], examples: int = 3) -> str:
     for reason, path in skipped:
         by_reason.setdefault(reason, []).append(path)
     return "; ".join(f"{reason} x{len(paths)} (e.g. {', '.join(sorted(set(paths))[:examples])})" for reason, paths in by_reason.items())
-
-
-_samples_in_this_process = 0
-
-
-def crash_if_injected() -> None:
-    """For tests (TAEHV_FAULT_WORKER_SEGFAULT=<marker file>, on TAEHV_FAULT_RANK if set): the first
-    data worker to reach its second sample while the marker does not exist creates it and dies by
-    SIGSEGV, as a decoder crashing on one file among millions would."""
-    global _samples_in_this_process
-    import os
-
-    marker = os.environ.get("TAEHV_FAULT_WORKER_SEGFAULT", "")
-    if not marker or torch.utils.data.get_worker_info() is None:
-        return
-    if os.environ.get("TAEHV_FAULT_RANK", "") not in ("", os.environ.get("RANK", "0")):
-        return
-    _samples_in_this_process += 1
-    if _samples_in_this_process == 2:
-        try:
-            os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
-        except FileExistsError:
-            return
-        import signal
-
-        os.kill(os.getpid(), signal.SIGSEGV)
 
 
 class FailureTracker:

@@ -9,7 +9,6 @@ import os
 import shutil
 import socket
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -47,6 +46,13 @@ def check_run_folder(config: TrainConfig, resume_from: Path | None, resuming: bo
             raise ResumeError(str(error)) from None
 
 
+def checkpoint_due(run: TrainingRun, step: int) -> bool:
+    """Whether optimizer step `step` is checkpointed: its interval, the last step, a stop every rank
+    agreed on, or early stopping."""
+    config = run.config
+    return step % config.checkpointing_steps == 0 or step == config.max_steps or run.stop.agreed or run.stopped_early
+
+
 def save_checkpoint(run: TrainingRun, step: int) -> Path | None:
     """Written to a temporary folder, then renamed: a crash mid-save never leaves a folder that
     resume would pick. Older checkpoints beyond the limit go only after the new one is complete.
@@ -77,7 +83,7 @@ def _save_checkpoint(run: TrainingRun, step: int) -> Path | None:
     accelerator.wait_for_everyone()
     # Every rank first proves it can write there, and the ranks agree: a rank that cannot would
     # otherwise leave the others waiting inside DeepSpeed's save barriers.
-    error = writable_problem(temporary, injected=step in run.faults.checkpoint_fail_steps)
+    error = writable_problem(temporary, lambda probe: run.seams.fire("checkpoint_probe", probe, step))
     agreed = agree(accelerator, failed=bool(error))
     if not agreed:
         error = save_every_part(run, temporary, step)
@@ -112,12 +118,11 @@ def save_every_part(run: TrainingRun, temporary: Path, step: int) -> str:
     accelerator = run.accelerator
     errors = []
     try:
-        with run.faults.in_engine_save(run.model, step), engine_writes_recorded(run.model, errors):
+        with engine_writes_recorded(run.model, errors):
             accelerator.save_state(str(temporary))
     except OSError as failure:  # accelerate's own files (DDP: the model, optimizer, random states)
         errors.append(str(failure))
-    if run.faults.slow_save_s:  # storage that takes its time, between the engine's files and ours
-        time.sleep(run.faults.slow_save_s)
+    run.seams.fire("checkpoint_engine_saved", step)
     parts = [lambda: save_full_state(accelerator, run.model, run.optimizer, run.config, run.progress.micro_step, temporary),
              lambda: save_stateful_objects(run, temporary)]
     if run.seraena is not None:  # each rank's own replay buffer (unless left out) and random state
@@ -203,15 +208,13 @@ def load_seraena_rank_state(run: TrainingRun, folder: Path) -> str:
     return "; Seraena replay buffer and random state per rank"
 
 
-def writable_problem(folder: Path, injected: bool = False) -> str:
+def writable_problem(folder: Path, before_write=lambda probe: None) -> str:
     """'' when this rank can create files in `folder`, else the error (a full disk, a read-only or
-    lost mount). `injected` (TAEHV_FAULT_CHECKPOINT_FAIL_STEPS) leaves a partial file and fails."""
+    lost mount). `before_write(probe)` is the checkpoint_probe seam (training/base/seams.py)."""
     probe = folder / f".probe-{socket.gethostname()}-{os.getpid()}"
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        if injected:
-            probe.write_bytes(b"\0" * 1024)
-            raise OSError(28, "No space left on device (injected)")
+        before_write(probe)
         probe.write_bytes(b"\0" * 4096)
         probe.unlink()
     except OSError as failure:

@@ -10,6 +10,7 @@ import torch
 
 from training.base.failures import set_collective_timeout
 from training.loop.checkpoints import save_checkpoint
+from training.loop.skips import SKIPS
 from training.run.checkpoint_files import complete_checkpoints
 
 if TYPE_CHECKING:
@@ -24,28 +25,13 @@ class StoppedInsideACollective(TrainingStopped):
     """A stop that left this rank's collectives (DDP's reducer, DeepSpeed's buckets) half-way."""
 
 
-ADVICE = {
-    "nonfinite": ("non-finite loss", "Lower learning_rate, check the data (python -m training.data.preview ...) "
-                  "or resume from an earlier checkpoint"),
-    "oom": ("out of memory", "Lower batch_size_per_gpu (raise gradient_accumulation_steps to keep the global "
-            "batch), n_frames or height/width, or set gradient_checkpointing=true"),
-    "reference": ("non-finite reference latents", "Check the reference VAE weights and precision (ref_vae_path), "
-                  "or the clips of those batches"),
-    "worker": ("a data worker died (its batch lost)", "A decoder crashed on a file (its rank's error output has the "
-               "signal); check the data (python -m training.data.preview ...) and remove the file from the index"),
-}
-
-
-KIND = {"nonfinite": "non-finite", "oom": "out-of-memory", "reference": "reference-VAE-failure", "worker": "lost-batch"}
-
-
 def note_bad_step(run: TrainingRun, reason: str, where: str) -> None:
     """Count a skipped step by reason; too many in a row: checkpoint and stop with advice."""
     run.skipped_steps[reason] += 1
     run.consecutive_bad_steps += 1
-    what, advice = ADVICE[reason]
+    skip = SKIPS[reason]
     run.accelerator.log({f"train/skipped_{reason}_steps": run.skipped_steps[reason]}, step=run.progress.step)
-    run.log.line(f"{what} {where} at micro-step {run.progress.micro_step} (step {run.progress.step + 1}): skipped on "
+    run.log.line(f"{skip.what} {where} at micro-step {run.progress.micro_step} (step {run.progress.step + 1}): skipped on "
                  f"all ranks ({run.skipped_steps[reason]} so far, {run.consecutive_bad_steps} in a row)")
     if run.last_reference_error:
         print(f"rank {run.accelerator.process_index}: {run.last_reference_error}", file=sys.stderr, flush=True)
@@ -53,8 +39,8 @@ def note_bad_step(run: TrainingRun, reason: str, where: str) -> None:
     if run.consecutive_bad_steps > run.config.max_consecutive_bad_steps:
         saved = save_checkpoint(run, run.progress.step)
         raise TrainingStopped(
-            f"{run.consecutive_bad_steps} {KIND[reason]} steps in a row "
-            f"(max_consecutive_bad_steps={run.config.max_consecutive_bad_steps}); checkpoint {saved}. {advice}")
+            f"{run.consecutive_bad_steps} {skip.kind} steps in a row "
+            f"(max_consecutive_bad_steps={run.config.max_consecutive_bad_steps}); checkpoint {saved}. {skip.advice}")
 
 
 def drop_gradients(run: TrainingRun) -> None:
@@ -89,7 +75,7 @@ def step_out_of_memory(run: TrainingRun, phase: str, reducing: bool, backward_ra
                else "DDP's gradient reducer is left mid-reduction")
         raise StoppedInsideACollective(
             f"out of memory in the {phase} of micro-step {run.progress.micro_step} on rank {accelerator.process_index}: "
-            f"{why}, so this step cannot be skipped; the job stops. {ADVICE['oom'][1]}, then --resume latest "
+            f"{why}, so this step cannot be skipped; the job stops. {SKIPS['oom'].advice}, then --resume latest "
             f"(last checkpoint: {latest[-1].name if latest else 'none'})")
     drop_gradients(run)
     run.backward_oom_at = run.progress.micro_step

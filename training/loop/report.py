@@ -13,6 +13,11 @@ if TYPE_CHECKING:
     from training.loop.state import TrainingRun
 
 
+def log_due(config, step: int) -> bool:
+    """Whether optimizer step `step` ends a log interval (the last step always does)."""
+    return step % config.log_every == 0 or step == config.max_steps
+
+
 def log_training(run: TrainingRun, window: list[dict], elapsed: float, data_wait: float) -> None:
     """One sync point per log interval: TensorBoard scalars and the plain log line."""
     config, accelerator, step = run.config, run.accelerator, run.progress.step

@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from training.base.failures import StopRequest
-from training.base.fault_injection import FaultInjection
+from training.base.seams import Seams
 from training.base.run_log import RunLog
 from training.config.schema import TrainConfig
 from training.data.clips import FailureTracker
+from training.loop.skips import STEP_SKIPS
 from training.step.ema import PartitionedEMA, WeightEMA
 from training.step.seraena import SeraenaState
 
@@ -40,36 +41,41 @@ class Progress:
         self.baseline = state.get("baseline")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrainingRun:
-    """Everything the loop touches, built once by main()."""
+    """Everything the loop touches, built once by training/loop/train.py from named parts (keyword
+    arguments only: parts of the same type cannot be swapped by position)."""
 
+    # what the run trains with
     config: TrainConfig
     run_dir: Path
     accelerator: object
-    log: RunLog
     model: object  # the prepared Student (a DeepSpeed engine under DeepSpeed)
     optimizer: object
     scheduler: object
+    ema: WeightEMA | PartitionedEMA | None
+    seraena: SeraenaState | None
+    reference_vae: object  # None in autoencoder mode or with a latent cache
+    lpips: object  # models.metrics.LPIPS, or None when its weights are not on this machine
+    # where its clips come from
     loader: object
     sampler: object
     validation_dataset: object
-    reference_vae: object
-    seraena: SeraenaState | None
-    ema: WeightEMA | PartitionedEMA | None
-    lpips: object  # models.metrics.LPIPS, or None when its weights are not on this machine
     failures: FailureTracker
-    progress: Progress
+    # where it is and what it reports
+    progress: Progress = field(default_factory=Progress)
+    log: RunLog
     profiler: object = None
     last_metrics: dict = field(default_factory=dict)
     stop: StopRequest = field(default_factory=StopRequest)
-    faults: FaultInjection = field(default_factory=FaultInjection.from_environment)
-    skipped_steps: dict = field(default_factory=lambda: {"nonfinite": 0, "oom": 0, "reference": 0, "worker": 0})
+    seams: Seams = field(default_factory=Seams)  # training/base/seams.py: fault injection installs hooks there
+    # this rank's news for the next agreement, and the counts behind the run's decisions
+    storage_down: str = ""  # this rank's loader gave up on object storage (training/base/storage.py)
+    shared_memory_full: str = ""  # this rank's data worker ran out of /dev/shm (training/data/shared_memory.py)
+    backward_oom_at: int = 0  # micro-step of an out-of-memory backward on this rank
     last_reference_error: str = ""
+    skipped_steps: dict = field(default_factory=lambda: {reason.name: 0 for reason in STEP_SKIPS})
     consecutive_bad_steps: int = 0
-    storage_down: str = ""  # this rank's loader gave up on object storage (training/base/storage.py), not yet agreed
-    shared_memory_full: str = ""  # this rank's data worker ran out of /dev/shm (training/data/shared_memory.py), not yet agreed
-    backward_oom_at: int = 0  # micro-step of an out-of-memory backward on this rank, not yet agreed
-    step_timeout_set: bool = False
     failed_checkpoints: int = 0
+    step_timeout_set: bool = False
     stopped_early: bool = False

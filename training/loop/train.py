@@ -1,11 +1,11 @@
-"""TAEHV training entry point, started by the launchers through `accelerate launch`:
+"""The training loop, started by training/taehv_train.py. Reads like a table of contents:
 
-    accelerate launch --config_file accelerate_configs/ddp_cpu.yaml --num_processes 2         training/taehv_train.py --config test --output-dir output/run1 [--set key=value] [--resume latest]
+    main: build_run (config, run folder, data, reference VAE, latent space, accelerator, model,
+          optimizer, resume) -> train (micro-steps of training/loop/step.py; each interval's owner
+          says whether a step is its own: log, validation, checkpoint) -> finish (the export)
 
-Reads like a table of contents: config -> run folder -> data -> accelerator -> model, optimizer
-(training/loop/build.py) -> resume (training/loop/checkpoints.py) -> train: micro-steps agreed by every
-rank (training/base/agreement.py, training/loop/recovery.py), logged (training/loop/report.py), validated
-(training/loop/validation.py) and checkpointed at their intervals -> final export.
+Every way a rank ends maps to one exit code in one place: STARTUP_FAILURES before training,
+stopped() during it (2 config, 3 data or a stop the run decided, 4 another rank gone).
 """
 
 from __future__ import annotations
@@ -40,16 +40,14 @@ from training.loop.build import (
     choose_sample_data,
     configure_cuda,
 )
-from training.loop.checkpoints import check_run_folder, resume, save_checkpoint
+from training.loop.checkpoints import check_run_folder, checkpoint_due, resume, save_checkpoint
 from training.loop.exports import current_weights, export_info, export_model
 from training.loop.recovery import StoppedInsideACollective, TrainingStopped, note_bad_step, shorten_collective_timeout
-from training.loop.report import log_training
-from training.loop.state import (
-    Progress,
-    TrainingRun,
-)
+from training.loop.report import log_due, log_training
+from training.loop.fault_injection import FaultInjection
+from training.loop.state import TrainingRun
 from training.loop.step import train_step
-from training.loop.validation import evaluation_model, record_validation, validate, validation_line, with_baseline
+from training.loop.validation import evaluation_model, validation_due, record_validation, validate, validation_line, with_baseline
 from training.run.checkpoint_files import complete_checkpoints
 from training.run.folder import Run, load_run, record_run
 from training.step.ema import PartitionedEMA, WeightEMA
@@ -82,36 +80,70 @@ def load_run_config(args: argparse.Namespace) -> Run:
                     resume=args.resume or "")
 
 
+class ReferenceVAEError(RuntimeError):
+    """The reference VAE could not load."""
+
+
+class LatentSpaceError(RuntimeError):
+    """The starting weights are clearly in another latent space than the run learns."""
+
+
+# How a refusal before training ends every rank: (error types, exit code, line prefix). The
+# launchers explain 2 (config: a key, value or input) and 3 (data) with the rank's one line.
+STARTUP_FAILURES = (
+    (ConfigError, 2, ""),
+    (ReferenceVAEError, 2, "reference VAE error: "),
+    (LatentSpaceError, 2, "latent space error: "),
+    ((DataFailureError, IndexFormatError, StorageUnavailable), 3, "data error: "),
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     die_with_launcher()
     args = parse_args(argv)
-    try:  # refusals before anything is written or built: a user's run folder is never overwritten
-        launch = load_run_config(args)
-        config, run_dir, resume_from = launch.config, launch.run_dir, launch.resume_from
-        if config.accelerate_config.endswith("_cpu.yaml"):  # a CPU profile runs on the CPU wherever it runs,
-            os.environ["CUDA_VISIBLE_DEVICES"] = ""  # launched directly too (CUDA reads this when it starts)
-        check_run_folder(config, resume_from, resuming=bool(args.resume))
-        choose_sample_data(config)  # before resolved_config.json is written: it records the folder trained on
-    except ConfigError as error:
-        return fail(2, error_line(error))
+    try:
+        run = build_run(args)
+    except tuple(types for types, _, _ in STARTUP_FAILURES) as error:
+        code, prefix = next((code, prefix) for types, code, prefix in STARTUP_FAILURES if isinstance(error, types))
+        return fail(code, prefix + (error_line(error) if isinstance(error, ConfigError) else str(error)))
+    try:
+        train(run)
+    except (DataFailureError, TrainingStopped, RuntimeError) as error:
+        return stopped(run, error)
+    if run.stop.agreed:
+        run.accelerator.end_training()
+        if run.accelerator.is_main_process:  # tells the launcher this stop was handled (see train_taehv_h100.sh)
+            (run.run_dir / "STOPPED_CLEANLY").write_text(f"checkpoint-{run.progress.step}\n")
+        return 0  # preempted: the checkpoint is written; --resume latest continues
+    return finish(run)
+
+
+def build_run(args: argparse.Namespace) -> TrainingRun:
+    """The run, built in the order that refuses cheaply first: config and run folder (nothing
+    written yet), data (before process groups, DeepSpeed and the model), the reference VAE and the
+    starting weights' latent space; only then the run folder, the accelerator and the model."""
+    launch = load_run_config(args)
+    config, run_dir, resume_from = launch.config, launch.run_dir, launch.resume_from
+    if config.accelerate_config.endswith("_cpu.yaml"):  # a CPU profile runs on the CPU wherever it runs,
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # launched directly too (CUDA reads this when it starts)
+    check_run_folder(config, resume_from, resuming=bool(args.resume))
+    choose_sample_data(config)  # before resolved_config.json is written: it records the folder trained on
 
     from accelerate.utils import set_seed
 
     configure_cuda(config)
-    try:  # data problems show before process groups, DeepSpeed and the model are set up
-        train_dataset, validation_dataset = build_datasets(config, run_dir)
-        rank = int(os.environ.get("RANK", "0"))  # what accelerate's process_index will be
-        loader, sampler = build_train_loader(config, train_dataset, rank, config.num_processes)
-    except (DataFailureError, IndexFormatError, StorageUnavailable) as error:
-        return fail(3, f"data error: {error}")
+    faults = FaultInjection.from_environment()  # tests and soak runs only: installed on the built run below
+    train_dataset, validation_dataset = build_datasets(config, run_dir)
+    rank = int(os.environ.get("RANK", "0"))  # what accelerate's process_index will be
+    loader, sampler = build_train_loader(config, faults.wrap_dataset(train_dataset), rank, config.num_processes)
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if torch.cuda.is_available() else torch.device("cpu")
-    try:  # a reference VAE that cannot load is a one-line error, before DeepSpeed starts
+    try:
         reference_vae = build_reference_vae(config, device)
     except RuntimeError as error:
-        return fail(2, f"reference VAE error: {error}")
+        raise ReferenceVAEError(str(error)) from error
     latent_space_report, problem = check_starting_latent_space(config, reference_vae, validation_dataset)
     if problem:
-        return fail(2, f"latent space error: {problem}")
+        raise LatentSpaceError(problem)
     if rank == 0:  # the inputs passed: only now does the run folder get written
         record_run(launch)
         if latent_space_report is not None:
@@ -124,13 +156,16 @@ def main(argv: list[str] | None = None) -> int:
     model, optimizer = accelerator.prepare(model, optimizer)
     set_collective_timeout(config.nccl_timeout_s)  # DeepSpeed's groups too, until the first step shortens it
     check_deepspeed_batch(accelerator, config)
-    ema = build_ema(config, accelerator, model)
     run = TrainingRun(
-        config, run_dir, accelerator, RunLog(run_dir, accelerator.is_main_process), model, optimizer, scheduler,
-        loader, sampler, validation_dataset, reference_vae,
-        build_seraena(config, accelerator, accelerator.unwrap_model(model).taehv), ema,
-        build_lpips(config, accelerator.device), FailureTracker(config.max_failed_fraction), Progress(),
+        config=config, run_dir=run_dir, accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler,
+        ema=build_ema(config, accelerator, model),
+        seraena=build_seraena(config, accelerator, accelerator.unwrap_model(model).taehv),
+        reference_vae=reference_vae, lpips=build_lpips(config, accelerator.device),
+        loader=loader, sampler=sampler, validation_dataset=validation_dataset,
+        failures=FailureTracker(config.max_failed_fraction),
+        log=RunLog(run_dir, accelerator.is_main_process),
     )
+    faults.install(run)
     accelerator.init_trackers("taehv")
     if run.lpips is None:
         run.log.line("LPIPS weights not found: validation reports PSNR and SSIM only (see docs/evaluation.md)")
@@ -143,34 +178,32 @@ def main(argv: list[str] | None = None) -> int:
         resume(run, resume_from)
     run.profiler = start_profiler(run_dir, accelerator.process_index) if args.torch_profile else None
     run.stop.install()
-    try:
-        train(run)
-    except (DataFailureError, TrainingStopped) as error:
+    return run
+
+
+def stopped(run: TrainingRun, error: BaseException) -> int:
+    """How a failure during training ends this rank: 3 for a stop the run decided (too many bad
+    steps, broken data, lost storage, a full /dev/shm), 4 when another rank left or stopped
+    answering. Anything else is a bug and raises with its traceback. Each prints one line."""
+    accelerator, config = run.accelerator, run.config
+    latest = complete_checkpoints(run.run_dir)
+    last = f"the last checkpoint is {latest[-1] if latest else 'none'}"
+    if isinstance(error, (DataFailureError, TrainingStopped)):
         run.log.line(f"stopped: {error}")
         print(f"stopped on rank {accelerator.process_index}: {error}", file=sys.stderr, flush=True)
         return leave_broken_collectives(accelerator, 3) if isinstance(error, StoppedInsideACollective) else 3
-    except RuntimeError as error:
-        if is_peer_gone(error):  # the rank that left printed why; this one adds no traceback
-            latest = complete_checkpoints(run_dir)
-            print(f"stopped on rank {accelerator.process_index}: a collective broke at step {run.progress.step + 1} because "
-                  f"another rank left the job (its own message above says why); the last checkpoint is "
-                  f"{latest[-1] if latest else 'none'}: --resume latest continues from it", file=sys.stderr, flush=True)
-            return leave_broken_collectives(accelerator, 4)
-        if not is_collective_timeout(error):
-            raise
+    if is_peer_gone(error):  # the rank that left printed why; this one adds no traceback
+        print(f"stopped on rank {accelerator.process_index}: a collective broke at step {run.progress.step + 1} because "
+              f"another rank left the job (its own message above says why); {last}: --resume latest continues from it",
+              file=sys.stderr, flush=True)
+        return leave_broken_collectives(accelerator, 4)
+    if is_collective_timeout(error):
         timeout = f"step_timeout_s={config.step_timeout_s}" if run.step_timeout_set else f"nccl_timeout_s={config.nccl_timeout_s}"
-        latest = complete_checkpoints(run_dir)
         print(f"stopped on rank {accelerator.process_index}: a collective did not complete within {timeout} s at step "
               f"{run.progress.step + 1}: another rank stopped answering (stuck, stopped or dead; its own output says "
-              f"why); the last checkpoint is {latest[-1] if latest else 'none'}: fix that rank, then --resume latest",
-              file=sys.stderr, flush=True)
+              f"why); {last}: fix that rank, then --resume latest", file=sys.stderr, flush=True)
         return 4
-    if run.stop.agreed:
-        accelerator.end_training()
-        if accelerator.is_main_process:  # tells the launcher this stop was handled (see train_taehv_h100.sh)
-            (run_dir / "STOPPED_CLEANLY").write_text(f"checkpoint-{run.progress.step}\n")
-        return 0  # preempted: the checkpoint is written; --resume latest continues
-    return finish(run)
+    raise error
 
 
 def leave_broken_collectives(accelerator, code: int) -> int:
@@ -284,17 +317,17 @@ def train(run: TrainingRun) -> None:
                 run.profiler.step()
             if bar is not None:
                 bar.update(1)
-            if step % config.log_every == 0 or step == config.max_steps:
+            if log_due(config, step):
                 elapsed = time.perf_counter() - last_log_time
                 log_training(run, window, elapsed, data_wait)
                 last_log_time, data_wait, window = time.perf_counter(), 0.0, []
-            if step % config.validation_steps == 0 or step == config.max_steps:
+            if validation_due(config, step):
                 validation_start = time.perf_counter()
                 run.last_metrics = with_baseline(run, validate(run, evaluation_model(run)))
                 accelerator.log({f"val/{k}": v for k, v in run.last_metrics.items()}, step=step)
                 run.log.line(validation_line(step, run.last_metrics, time.perf_counter() - validation_start))
                 run.stopped_early = record_validation(run, run.last_metrics)
-            if step % config.checkpointing_steps == 0 or step == config.max_steps or run.stop.agreed or run.stopped_early:
+            if checkpoint_due(run, step):
                 saved = save_checkpoint(run, step)
                 if saved is not None:
                     run.log.line(f"checkpoint {saved}")
@@ -326,7 +359,7 @@ def finish(run: TrainingRun) -> int:
     error = ""
     try:
         if accelerator.is_main_process:
-            run.faults.fail_write("final", run.progress.step)
+            run.seams.fire("file_write", "final", run.progress.step)
         export_model(accelerator, weights, taehv, run.run_dir / "final", run.progress.step, run.last_metrics,
                      **export_info(run.config))
     except OSError as failure:

@@ -1,6 +1,5 @@
 """Validation: metrics of the weights that are exported (the EMA when enabled) on the held-out
-clips, the validation line, validation_history.json, best_model/ and early stopping.
-"""
+clips, the validation line, validation_history.json, best_model/ and early stopping."""
 
 from __future__ import annotations
 
@@ -23,6 +22,11 @@ LOWER_IS_BETTER = ("lpips", "flicker")  # best_metric values (and their decode_ 
 
 
 SAMPLE_CLIPS = 2  # held-out clips shown in TensorBoard at each validation
+
+
+def validation_due(config, step: int) -> bool:
+    """Whether optimizer step `step` is validated (the last step always is)."""
+    return step % config.validation_steps == 0 or step == config.max_steps
 
 
 def evaluation_model(run: TrainingRun) -> TAEHV:
@@ -152,7 +156,7 @@ def record_validation(run: TrainingRun, metrics: dict) -> bool:
     config, progress, step = run.config, run.progress, run.progress.step
     if run.accelerator.is_main_process:
         try:  # rank 0 alone writes it, no other rank waits on it: a failed write is logged, not fatal
-            run.faults.fail_write("history", step)
+            run.seams.fire("file_write", "history", step)
             path = run.run_dir / "validation_history.json"
             history = json.loads(path.read_text()) if path.exists() else []
             history = [h for h in history if h["step"] < step]  # entries past a resumed checkpoint are replayed
@@ -172,7 +176,7 @@ def record_validation(run: TrainingRun, metrics: dict) -> bool:
         weights = {k: v.detach().float().cpu() for k, v in current_weights(run).items()}  # every rank: a collective
         try:
             if run.accelerator.is_main_process:
-                run.faults.fail_write("best_model", step)
+                run.seams.fire("file_write", "best_model", step)
             export_model(run.accelerator, weights, run.accelerator.unwrap_model(run.model).taehv, run.run_dir / "best_model",
                          step, metrics, best_metric=config.best_metric, **export_info(config))
             run.log.line(f"best model so far ({config.best_metric} {value:.4f}) saved to {run.run_dir / 'best_model'}")
