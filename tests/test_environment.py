@@ -107,7 +107,7 @@ def require_index() -> None:
 def dry_run(tmp_path: Path, lines: list[str], *options: str) -> list[dict]:
     """`pip install --dry-run --report` of the requirement lines (their -r/-c paths made absolute,
     as conda's temporary requirements file beside environment.yml resolves them): what pip would
-    install into an empty environment."""
+    install into an empty environment. Thread-safe: the `resolutions` fixture runs two at once."""
     written = []
     for line in lines:
         included = _included_file(line, ENVIRONMENT.parent)
@@ -193,16 +193,44 @@ def test_gpu_check_uses_a_conda_env_only_when_it_is_the_projects():
     assert _gpu_check_python("/opt/conda", "base", "PY=/usr/bin/python3")[0] == "/usr/bin/python3"
 
 
+NATIVE_LINUX_X86_64 = sys.platform == "linux" and platform.machine() == "x86_64"
+
+
+def extras_options() -> list[str]:
+    """pip options that resolve for CPython 3.11 on Linux x86_64 from wheels only, on any machine."""
+    platforms = [f"manylinux_2_{minor}_x86_64" for minor in range(28, 4, -1)]
+    platforms += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]
+    options = ["--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311"]
+    return options + [option for name in platforms for option in ("--platform", name)]
+
+
+@pytest.fixture(scope="module")
+def resolutions(tmp_path_factory):
+    """The two pip resolutions of this module, started together (each mostly waits on the index, so
+    two at once take the time of the longer): "environment", environment.yml's pip set resolved
+    natively (read by test_the_gpu_environment_resolves_from_wheels_with_the_tested_torch; not
+    started off Linux x86_64, where that test skips), and "extras", requirements-gpu-extras.txt for
+    CPython 3.11 wheels (read by test_the_attention_extras_keep_the_tested_torch). Each is a future
+    of dry_run's install list; its .result() raises what dry_run raised, in the test that reads it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    require_index()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {"extras": pool.submit(dry_run, tmp_path_factory.mktemp("extras"), [f"-r {EXTRAS.name}"], *extras_options())}
+        if NATIVE_LINUX_X86_64:
+            futures["environment"] = pool.submit(dry_run, tmp_path_factory.mktemp("environment"), environment_pip_lines())
+        yield futures  # leaving the with-block waits for both, also where a test ran alone (-k)
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(sys.platform != "linux" or platform.machine() != "x86_64",
+@pytest.mark.skipif(not NATIVE_LINUX_X86_64,
                     reason="resolves the Linux x86_64 wheels of the GPU machines natively (deepspeed, an sdist, "
                            "rules out pip's --platform/--python-version, which need --only-binary=:all:)")
-def test_the_gpu_environment_resolves_from_wheels_with_the_tested_torch(tmp_path):
+def test_the_gpu_environment_resolves_from_wheels_with_the_tested_torch(resolutions):
     """Exactly the pip set environment.yml installs resolves in one pass (flash-attn's build, which
     imports torch, failed the whole pass), to the tested torch, a CUDA build whose libraries share one
     CUDA major that requirements-gpu.txt names, with every package a wheel but the pure-Python sdists."""
-    require_index()
-    packages = resolved(dry_run(tmp_path, environment_pip_lines()))
+    packages = resolved(resolutions["environment"].result())
     where = f"(resolved for Python {platform.python_version()}; environment.yml has python=3.11)"
     version, file = packages["torch"]
     assert version == Version(the_tested_torch()), f"torch resolves to {version} ({file}), not {the_tested_torch()} {where}"
@@ -217,15 +245,10 @@ def test_the_gpu_environment_resolves_from_wheels_with_the_tested_torch(tmp_path
 
 
 @pytest.mark.slow
-def test_the_attention_extras_keep_the_tested_torch(tmp_path):
+def test_the_attention_extras_keep_the_tested_torch(resolutions):
     """xformers (requirements-gpu-extras.txt) resolves from wheels for CPython 3.11 on Linux x86_64
     without moving torch off the tested release."""
-    require_index()
-    platforms = [f"manylinux_2_{minor}_x86_64" for minor in range(28, 4, -1)]
-    platforms += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]
-    options = ["--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311"]
-    options += [option for name in platforms for option in ("--platform", name)]
-    packages = resolved(dry_run(tmp_path, [f"-r {EXTRAS.name}"], *options))
+    packages = resolved(resolutions["extras"].result())
     assert packages["torch"][0] == Version(the_tested_torch()), packages["torch"]
     assert "xformers" in packages and "flash-attn" not in packages
     assert all(file.endswith(".whl") for _, file in packages.values())
