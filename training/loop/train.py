@@ -91,11 +91,12 @@ class LatentSpaceError(RuntimeError):
 # How a refusal before training ends every rank: (error types, exit code, line prefix). The
 # launchers explain 2 (config: a key, value or input) and 3 (data) with the rank's one line.
 STARTUP_FAILURES = (
-    (ConfigError, 2, ""),
-    (ReferenceVAEError, 2, "reference VAE error: "),
-    (LatentSpaceError, 2, "latent space error: "),
+    ((ConfigError,), 2, ""),
+    ((ReferenceVAEError,), 2, "reference VAE error: "),
+    ((LatentSpaceError,), 2, "latent space error: "),
     ((DataFailureError, IndexFormatError, StorageUnavailable), 3, "data error: "),
 )
+REFUSALS = tuple(kind for kinds, _, _ in STARTUP_FAILURES for kind in kinds)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         run = build_run(args)
-    except tuple(types for types, _, _ in STARTUP_FAILURES) as error:
-        code, prefix = next((code, prefix) for types, code, prefix in STARTUP_FAILURES if isinstance(error, types))
+    except REFUSALS as error:
+        code, prefix = next((code, prefix) for kinds, code, prefix in STARTUP_FAILURES if isinstance(error, kinds))
         return fail(code, prefix + (error_line(error) if isinstance(error, ConfigError) else str(error)))
     try:
         train(run)
