@@ -6,6 +6,7 @@ import os
 import shutil
 import socket
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,34 @@ def pytest_configure(config):
     if "gpu" not in (config.option.markexpr or ""):
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     share_the_cores_between_workers()
+    if getattr(config.option, "dist", "no") in ("loadfile", "loadscope") and hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False  # xdist's controller keeps the workers' order (below), not by test count
+
+
+# The files that take longest under `make test` (2 workers, --dist loadfile), longest first; each is one
+# unit of work for one worker. By default xdist hands files out by test count, which left the long
+# files of one or two tests (test_soak, test_elastic, test_docs) to the end, one worker running them
+# while the other had nothing left. Longest first, the short files fill in at the end. Only the order
+# of files changes; a stale entry costs balance, never a result.
+LONGEST_FILES = ("test_launchers.py", "test_training.py", "test_object_storage.py", "test_any_vae.py", "test_soak.py",
+                 "test_docs.py", "test_scripts.py", "test_elastic.py", "test_inference.py", "test_latent_cache.py",
+                 "test_checkpoint_size.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """In an xdist worker (whose collection the controller hands out): the files of LONGEST_FILES
+    first, in its order, then the others by test count as xdist orders them (the tests of a file
+    keep their order)."""
+    if not hasattr(config, "workerinput"):
+        return
+    counts = Counter(item.nodeid.split("::")[0] for item in items)
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+
+    def key(item) -> tuple[int, int]:
+        path = item.nodeid.split("::")[0]
+        return rank.get(path.rsplit("/", 1)[-1], len(rank)), -counts[path]
+
+    items.sort(key=key)  # stable: a file's tests stay together and in order
 
 
 def share_the_cores_between_workers() -> None:
@@ -33,7 +62,7 @@ def share_the_cores_between_workers() -> None:
     step benchmarks 2x, and in-process loops (test_seraena) up to 10x on a loaded machine. Only speed
     changes: every process of a test still runs with the same thread count."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if workers < 2 or "OMP_NUM_THREADS" in os.environ or os.environ.get("_TMP_MEASURE_BEFORE"):  # TEMP
+    if workers < 2 or "OMP_NUM_THREADS" in os.environ:
         return
     threads = max(1, len(os.sched_getaffinity(0)) // workers) if hasattr(os, "sched_getaffinity") else 1
     os.environ["OMP_NUM_THREADS"] = str(threads)

@@ -234,13 +234,14 @@ def test_ctrl_c_checkpoints_and_the_printed_command_continues_the_same_run(tmp_p
     """A terminal's Ctrl-C signals the whole foreground process group, as os.killpg does here.
     The "continue with" command, run verbatim, restores the run's own settings (its --max-steps,
     learning rate and data), changes nothing in resolved_config.json, and trains to the end.
-    --max-steps 40 is also a quick trial: the profile-sized intervals are capped to it."""
+    --max-steps 12 is also a quick trial: the profile-sized intervals are capped to it."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run_dir = tmp_path / "run"
+    steps = 12  # the Ctrl-C lands at step 2 or a few after: steps are left for the continuation to train
     env = {**os.environ, "PYTHON": sys.executable, "MASTER_PORT": str(free_port())}
     launcher = subprocess.Popen([LAUNCHER, "1", "test", "--output-dir", str(run_dir), "--set", f"data_root={synthetic_clips}",
-                                 "--max-steps", "40", "--set", "learning_rate=3e-4", "--set", "checkpointing_steps=100",
+                                 "--max-steps", str(steps), "--set", "learning_rate=3e-4", "--set", "checkpointing_steps=100",
                                  "--set", "validation_steps=100", "--set", "lr_scheduler=constant"],
                                 cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True, preexec_fn=default_sigint)
@@ -252,19 +253,19 @@ def test_ctrl_c_checkpoints_and_the_printed_command_continues_the_same_run(tmp_p
     output = launcher.communicate(timeout=120)[0]
     assert launcher.returncode == 0, output[-3000:]
     assert "Traceback" not in output and "SignalException" not in output, output[-3000:]
-    assert "quick trial: max_steps=40 caps validation_steps 100 -> 40, checkpointing_steps 100 -> 40" in output
+    assert f"quick trial: max_steps={steps} caps validation_steps 100 -> {steps}, checkpointing_steps 100 -> {steps}" in output
     last = output.strip().splitlines()[-1]
     match = re.fullmatch(rf"stopped cleanly: checkpoint {run_dir}/checkpoints/checkpoint-(\d+); continue with: "
                          rf"(\S+train_taehv_h100.sh 1 test --output-dir {run_dir} --resume latest)", last)
     assert match, last
     stopped_at, recorded = int(match.group(1)), (run_dir / "resolved_config.json").read_bytes()
-    assert stopped_at < 40
+    assert stopped_at < steps
 
     continued = subprocess.run(match.group(2).split(), cwd=REPO_ROOT, env={**env, "MASTER_PORT": str(free_port())},
                                capture_output=True, text=True, timeout=300)
     assert continued.returncode == 0, continued.stderr[-3000:]
     assert f"resumed from {run_dir}/checkpoints/checkpoint-{stopped_at} at step {stopped_at}" in continued.stdout
-    assert "Step 40/40" in continued.stdout and "done at step 40" in continued.stdout
+    assert f"Step {steps}/{steps}" in continued.stdout and f"done at step {steps}" in continued.stdout
     assert "resume changes" not in continued.stdout
     assert (run_dir / "resolved_config.json").read_bytes() == recorded
     events = EventAccumulator(str(run_dir / "logs" / "taehv"))
