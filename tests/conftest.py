@@ -59,7 +59,7 @@ def share_the_cores_between_workers() -> None:
     its share of the cores as OMP_NUM_THREADS (the launcher keeps a value it is given), unless one is
     set already. Two workers each running 2 OpenMP threads on 2 cores spin at each other's barriers:
     a training launch beside another took 3x as long as with 1 thread each (50 s against 15 s), the
-    step benchmarks 2x, and in-process loops (test_seraena) up to 10x on a loaded machine. Only speed
+    step benchmarks 2x, test_seraena's in-process loops 4x (measured with -n 2 here). Only speed
     changes: every process of a test still runs with the same thread count."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers < 2 or "OMP_NUM_THREADS" in os.environ:
