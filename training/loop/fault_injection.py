@@ -125,8 +125,11 @@ class FaultInjection:
                 return {name: value * float("nan") for name, value in outputs.items()}
             return None
 
-        student.register_forward_pre_hook(before_forward)
-        student.register_forward_hook(after_forward)
+        # only the hooks a fault needs: a run without faults keeps a hook-free forward (torch.compile)
+        if self.stop_at_step or self.data_failure_micro_step:
+            student.register_forward_pre_hook(before_forward)
+        if self.oom_micro_steps or self.nonfinite_micro_steps:
+            student.register_forward_hook(after_forward)
         if self.cudnn_error_micro_steps:
             def cudnn_failure(module, inputs):
                 if once(self.cudnn_error_micro_steps, progress.micro_step):
