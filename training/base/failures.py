@@ -1,5 +1,5 @@
-"""What an exception means (out of memory, a peer gone, a collective timeout), the collective timeout itself, stop requests, ranks that die with their launcher.
-"""
+"""What an exception means (out of memory, a peer gone, a collective timeout), the collective timeout
+itself, stop requests, ranks that die with their launcher."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The latent cache's metadata (metadata.json): its format version, splits, and whether a cache fits a run's config.
-"""
+"""The latent cache's metadata (metadata.json): its format version, splits, and whether a cache fits a
+run's config."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The inputs a config points at (weights, reference VAE, data, LPIPS files, buckets): each missing or unreadable one is one line with its fix.
-"""
+"""The inputs a config points at (weights, reference VAE, data, LPIPS files, buckets): each missing or
+unreadable one is one line with its fix."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Views of a resolved config that other layers read: the student's arguments, the reference's geometry, frame rules, the latent space, the summary lines.
-"""
+"""Views of a resolved config that other layers read: the student's arguments, the reference's
+geometry, frame rules, the latent space, the summary lines."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The training dataset and its sampler: clip draws per (seed, epoch, index), broken files replaced and counted, batches in shared memory, the resumable sharded sampler.
-"""
+"""The training dataset and its sampler: clip draws per (seed, epoch, index), broken files replaced and
+counted, batches in shared memory, the resumable sharded sampler."""
 
 from __future__ import annotations
 

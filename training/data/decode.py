@@ -1,5 +1,5 @@
-"""Decoding with PyAV: seek to the keyframe before the window, decode forward, scale while converting to RGB, rotate, crop, maybe flip.
-"""
+"""Decoding with PyAV: seek to the keyframe before the window, decode forward, scale while converting
+to RGB, rotate, crop, maybe flip."""
 
 from __future__ import annotations
 

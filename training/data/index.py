@@ -1,5 +1,5 @@
-"""The clip index: a folder, annotation JSON or JSONL/CSV index read into numpy arrays, split by a hash of each path into training and held-out clips.
-"""
+"""The clip index: a folder, annotation JSON or JSONL/CSV index read into numpy arrays, split by a hash
+of each path into training and held-out clips."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Preview what the loader makes of a folder: `python -m training.data.preview DATA_ROOT --out strips/`.
-"""
+"""Preview what the loader makes of a folder: `python -m training.data.preview DATA_ROOT --out
+strips/`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The loader's batches for the loop: a dead data worker costs one batch, a full /dev/shm or lost storage stops every rank together.
-"""
+"""The loader's batches for the loop: a dead data worker costs one batch, a full /dev/shm or lost
+storage stops every rank together."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Checkpoints: save (temporary folder, write probe, agreement, rename, rotation) and resume (exact or elastic), with the named registry of stateful parts.
-"""
+"""Checkpoints: save (temporary folder, write probe, agreement, rename, rotation) and resume (exact or
+elastic), with the named registry of stateful parts."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Exports in the public TAEHV format (final/, best_model/): the weights being trained, written with their metadata.
-"""
+"""Exports in the public TAEHV format (final/, best_model/): the weights being trained, written with
+their metadata."""
 
 from __future__ import annotations
 

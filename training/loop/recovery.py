@@ -1,5 +1,5 @@
-"""What the loop does when a step goes wrong: skipped steps and their advice, an out-of-memory backward, stopping after too many bad steps.
-"""
+"""What the loop does when a step goes wrong: skipped steps and their advice, an out-of-memory
+backward, stopping after too many bad steps."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The launcher's config step and the dry run: `python -m training.plan PROFILE [--shell|--dry-run-report|--memory]`.
-"""
+"""The launcher's config step and the dry run: `python -m training.plan PROFILE
+[--shell|--dry-run-report|--memory]`."""
 
 from __future__ import annotations
 

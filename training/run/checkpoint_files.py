@@ -1,5 +1,5 @@
-"""Reading a checkpoint folder: the one reader of its named states (resume, scripts/convert_checkpoint.py, inference.py).
-"""
+"""Reading a checkpoint folder: the one reader of its named states (resume,
+scripts/convert_checkpoint.py, inference.py)."""
 
 from __future__ import annotations
 

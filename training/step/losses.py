@@ -1,5 +1,5 @@
-"""What one micro-step computes: the local loss terms (forward_losses), then Seraena's term across ranks (add_seraena_term).
-"""
+"""What one micro-step computes: the local loss terms (forward_losses), then Seraena's term across
+ranks (add_seraena_term)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The optimizer and DeepSpeed's settings for it (data types, bucket sizes), shared by the loop and the memory estimate.
-"""
+"""The optimizer and DeepSpeed's settings for it (data types, bucket sizes), shared by the loop and the
+memory estimate."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Seraena's state in a run: the discriminator, its optimizer, the replay buffer, BatchNorm averaging across ranks.
-"""
+"""Seraena's state in a run: the discriminator, its optimizer, the replay buffer, BatchNorm averaging
+across ranks."""
 
 from __future__ import annotations
 

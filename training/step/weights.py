@@ -1,5 +1,5 @@
-"""The student's weights as one state dict, whatever holds them (DDP, ZeRO-2/3 partitions), and their fingerprint.
-"""
+"""The student's weights as one state dict, whatever holds them (DDP, ZeRO-2/3 partitions), and their
+fingerprint."""
 
 from __future__ import annotations
 
