@@ -20,6 +20,8 @@ Options:
                          (latest: error when there is none; auto: start fresh when there is none)
   --output-dir DIR       the run folder (default output/<timestamp>, with output/latest -> it)
   --max-steps N          stop after N optimizer steps
+  --recipe NAME          a published training recipe on top of the profile: seraena-notebook, vidtok,
+                         opensora2, no-gan (docs/training.md#recipe-presets); --set overrides it
   --set KEY=VALUE        override any config key (repeatable); see docs/configuration.md
   --debug                verbose logs, NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL
   --profile              write a torch.profiler trace of a few steps into <run>/profile/
@@ -59,6 +61,7 @@ while [[ $# -gt 0 ]]; do
     --output-dir) [[ $# -ge 2 ]] || die "--output-dir needs a folder"; OUTPUT_DIR="$2"; shift 2 ;;
     --max-steps) [[ $# -ge 2 && "$2" =~ ^[1-9][0-9]*$ ]] || die "--max-steps needs a positive integer"; MAX_STEPS="$2"; shift 2 ;;
     --set) [[ $# -ge 2 && "$2" == *=* ]] || die "--set needs KEY=VALUE"; SETS+=("$2"); shift 2 ;;
+    --recipe) [[ $# -ge 2 && -n "$2" ]] || die "--recipe needs a NAME (docs/training.md#recipe-presets)"; SETS=("recipe=$2" "${SETS[@]+"${SETS[@]}"}"); shift 2 ;;
     --debug) DEBUG=1; shift ;;
     --profile) TORCH_PROFILE=1; shift ;;
     --dry-run) DRY_RUN=1; shift ;;

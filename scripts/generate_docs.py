@@ -83,7 +83,19 @@ def decode_cost_table() -> str:
     return "\n".join(lines) + "\n"
 
 
-GENERATORS = {"memory-table": memory_table, "flops-table": flops_table, "decode-cost-table": decode_cost_table}
+def recipe_table() -> str:
+    """docs/training.md: the named recipes (training/config/recipes.py) with their sources."""
+    from training.config.recipes import RECIPES
+
+    lines = ["| `--recipe` | what it trains with | source | sets | differs from its source |", "|---|---|---|---|---|"]
+    for recipe in RECIPES.values():
+        values = ", ".join(f"`{key}={value}`" for key, value in recipe.values.items())
+        lines.append(f"| `{recipe.name}` | {recipe.summary} | {recipe.source} | {values} | {recipe.note or '-'} |")
+    return "\n".join(lines) + "\n"
+
+
+GENERATORS = {"memory-table": memory_table, "flops-table": flops_table, "decode-cost-table": decode_cost_table,
+              "recipe-table": recipe_table}
 
 
 def updated(text: str, cache: dict) -> str:

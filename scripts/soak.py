@@ -60,7 +60,7 @@ def start_run(run_dir: Path, clips: Path, max_steps: int, resume: bool, output: 
     command += ["--resume", "auto"] if resume else []
     # Seraena on: each rank's replay buffer and random state must come back with the checkpoint
     for item in (f"data_root={clips}", "checkpointing_steps=3", "checkpoints_total_limit=2", f"validation_steps={max_steps}",
-                 "log_every=1", "seraena_weight=0.1"):
+                 "log_every=1", "seraena_weight=0.1", "batch_size_per_gpu=2"):
         command += ["--set", item]
     with open(output, "w") as log:  # the launcher's own output, kept for diagnosis
         return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -51,7 +51,7 @@ def test_a_slow_checkpoint_write_is_waited_for_and_the_buffer_can_be_left_out(tm
     save's collectives under nccl_timeout_s, and the run goes on. With the replay buffers left out,
     the rank files hold only the random state and the resume says the buffer refills."""
     run_dir = tmp_path / "run"
-    sets = [f"data_root={synthetic_clips}", "seraena_weight=0.1", "step_timeout_s=6", "seraena_buffer_in_checkpoints=false",
+    sets = [f"data_root={synthetic_clips}", "seraena_weight=0.1", "batch_size_per_gpu=2", "step_timeout_s=6", "seraena_buffer_in_checkpoints=false",
             "max_steps=4", "checkpointing_steps=2"]
     first = launch(run_dir, sets, {"TAEHV_FAULT_SLOW_SAVE_S": "12", "TAEHV_FAULT_RANK": "1"})
     assert first.returncode == 0, first.stderr[-3000:]

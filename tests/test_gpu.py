@@ -40,7 +40,7 @@ def test_bf16_deepspeed_steps_and_a_real_out_of_memory_skipped_on_one_gpu(clips,
     asks for 1 PiB: a real CUDA out-of-memory error, skipped by the agreement, then training goes on."""
     run_dir = tmp_path / "run"
     result = launch(["1", "test", "--output-dir", str(run_dir), "--max-steps", "4", "--set", f"data_root={clips}",
-                     "--set", "accelerate_config=deepspeed_1gpu.yaml", "--set", "seraena_weight=0.1",
+                     "--set", "accelerate_config=deepspeed_1gpu.yaml", "--set", "seraena_weight=0.1", "--set", "batch_size_per_gpu=2",
                      "--set", "height=64", "--set", "width=64"],
                     {"TAEHV_FAULT_OOM_MICRO_STEPS": "2", "TAEHV_FAULT_REAL_OOM": "1"})
     assert result.returncode == 0, result.stderr[-3000:]

@@ -350,7 +350,7 @@ def test_production_and_ddp_files_train_with_two_cpu_processes(accelerate_file, 
     run_dir = tmp_path / "run"
     accumulation = 2 if zero == 0 else 1
     common = [LAUNCHER, "2", "test", "--output-dir", str(run_dir), "--set", f"data_root={synthetic_clips}",
-              "--set", f"accelerate_config={accelerate_file}", "--set", "seraena_weight=0.1", "--set", "n_frames=8",
+              "--set", f"accelerate_config={accelerate_file}", "--set", "seraena_weight=0.1", "--set", "n_frames=8", "--set", "batch_size_per_gpu=2",
               "--set", f"gradient_accumulation_steps={accumulation}"]
     # the checkpoint write fails where a full disk would: inside DeepSpeed's own save (the other rank
     # waits in its closing barrier), or under DDP as this rank's first file
@@ -421,7 +421,7 @@ def oom_run(tmp_path, synthetic_clips, name: str, accelerate_file: str, faults: 
     come at once: step_timeout_s is far beyond the subprocess's own timeout."""
     accumulation = 2 if accelerate_file == "ddp_cpu.yaml" else 1
     result = run([LAUNCHER, "2", "test", "--set", f"data_root={synthetic_clips}", "--set", f"accelerate_config={accelerate_file}",
-                  "--set", f"gradient_accumulation_steps={accumulation}", "--set", "seraena_weight=0.1", "--set", "n_frames=8",
+                  "--set", f"gradient_accumulation_steps={accumulation}", "--set", "seraena_weight=0.1", "--set", "n_frames=8", "--set", "batch_size_per_gpu=2",
                   "--set", "step_timeout_s=3600", "--set", "checkpointing_steps=1", "--max-steps", "3",
                   "--output-dir", str(tmp_path / name)], {"TAEHV_FAULT_RANK": "1", **faults}, timeout=300)
     return result, result.stdout + result.stderr

@@ -1,6 +1,7 @@
 """The training step's parts with real diffusers VAE classes (tiny random configs), and short real
 runs through the launcher."""
 
+import dataclasses
 import json
 import os
 import re
@@ -15,6 +16,7 @@ from conftest import REPO_ROOT, free_port, needs_compiler
 from models.metrics import LPIPS, save_random_lpips_weights
 from models.reference_vae import ReferenceVAE, tiny_reference_vae, tiny_reference_vae_config, vae_class
 from models.taehv import TAEHV
+from training.config.schema import TrainConfig
 from training.step import losses
 from training.step.losses import Student, compute_losses
 from training.step.seraena import SeraenaState
@@ -44,7 +46,7 @@ def loss_config(**weights):
 
     base = dict(dict.fromkeys(WEIGHT_KEYS, 0.0), encoder_weight=0.1, decoder_weight=0.1, reconstruction_weight=10.0,
                 pixel_loss="mse", lpips_bf16=False, mixed_precision="no")
-    return SimpleNamespace(**{**base, **weights})
+    return dataclasses.replace(TrainConfig(), **{**base, **weights})  # every other key at its default
 
 
 @pytest.mark.parametrize("family", ["cogvideox", "hunyuan", "wan"])
@@ -310,6 +312,8 @@ def test_distillation_runs_with_each_reference_family(name, tiny_vae_folders, cl
     result = launch(processes, run_dir, [
         f"data_root={clips}", "use_ref_vae=true", f"ref_vae_family={family}", f"ref_vae_path={tiny_vae_folders / name}",
         f"n_frames={frames}", "encoder_weight=0.1", "decoder_weight=0.1", "seraena_weight=0.1",
+        # Seraena's BatchNorm needs 2 frame groups per rank: 5 frames hold one
+        f"batch_size_per_gpu={2 if frames < 6 else 1}",
         f"model_variant={student_variant}", f"height={side}", f"width={side}",
     ])
     assert result.returncode == 0, result.stderr[-3000:]
@@ -339,7 +343,7 @@ def probe_run(probe: str, marker: str, clips, tmp_path, max_steps: int) -> dict:
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     result = subprocess.run([sys.executable, str(REPO_ROOT / "tests" / probe), "--config", "test",
                              "--output-dir", str(tmp_path / "run"), "--max-steps", str(max_steps), "--set", f"data_root={clips}",
-                             "--set", "seraena_weight=0.1"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+                             "--set", "seraena_weight=0.1", "--set", "batch_size_per_gpu=2"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     report = json.loads(result.stdout.rpartition(marker)[2] or "{}")
     assert report.get("exit_code") == 0, result.stderr[-3000:]
     return report
@@ -423,7 +427,7 @@ def test_nonfinite_and_oom_steps_are_skipped_then_too_many_stop_the_run(clips, t
 def test_tensorboard_holds_the_training_scalars(clips, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    result = launch(1, tmp_path / "run", [f"data_root={clips}", "n_frames=8", "seraena_weight=0.1",
+    result = launch(1, tmp_path / "run", [f"data_root={clips}", "n_frames=8", "seraena_weight=0.1", "batch_size_per_gpu=2",
                                           "gradient_accumulation_steps=2"])
     assert result.returncode == 0, result.stderr[-3000:]
     # 4 optimizer steps of 2 micro-steps each: the discriminator stepped 4 times, once per student step

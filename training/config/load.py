@@ -1,4 +1,4 @@
-"""Loading a config: profile or custom file -> stage -> `--set` overrides parsed to each key's type -> validation -> derived values.
+"""Loading a config: profile or custom file -> recipe -> stage -> `--set` overrides parsed to each key's type -> validation -> derived values.
 
     load_config("h100", overrides=["learning_rate=2e-4"], num_processes=8) -> TrainConfig
 
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from training.base.files import write_json
+from training.config.recipes import recipe_values
 from training.config.rules import _names_a_class, validate
 from training.config.schema import (
     ACCELERATE_CONFIG_DIR,
@@ -73,8 +74,16 @@ def profile_overrides(profile_or_path: str, notes: list[str] | None = None) -> t
         if base not in available_profiles() or base == path.stem and path.parent == PROFILE_DIR:
             raise ConfigError(f"{path}: base_profile {base!r} is not another of {', '.join(available_profiles())}")
         base_overrides, _ = profile_overrides(base)
-        overrides = users_data_root({**base_overrides, **overrides}, overrides)
+        # a file's recipe sits between its base profile and its own keys
+        recipe = recipe_values(overrides.get("recipe", ""), _distills({**base_overrides, **overrides}))
+        overrides = users_data_root({**base_overrides, **recipe, **overrides}, overrides)
+    elif overrides.get("recipe"):
+        overrides = {**recipe_values(overrides["recipe"], _distills(overrides)), **overrides}
     return overrides, str(path.resolve())
+
+
+def _distills(values: dict) -> bool:
+    return bool(values.get("use_ref_vae", TrainConfig.__dataclass_fields__["use_ref_vae"].default))
 
 
 def users_data_root(values: dict, layer: dict) -> dict:
@@ -112,9 +121,17 @@ def parse_value(key: str, text: str) -> Any:
         if kind is float:
             return float(text)
         if kind is tuple:
+            if key == "buckets":  # 256x448,448x256 or 256,448,448,256 (training/data/buckets.py pairs them)
+                text = text.replace("x", ",")
             return tuple(int(x) for x in text.strip().strip("()").split(",") if x.strip())
         return text
     except ValueError:
+        if key.endswith("_schedule"):
+            raise ConfigError(f"--set {key}={text}: expected start_step,ramp_steps, e.g. --set {key}=20000,1000, "
+                              f"or {key}=() for the full weight from step 0") from None
+        if key == "buckets":
+            raise ConfigError(f"--set buckets={text}: expected heightxwidth pairs, e.g. --set buckets=256x448,448x256,320x320, "
+                              "or buckets=() for one shape (height x width)") from None
         if kind is tuple:
             raise ConfigError(f"--set {key}={text}: expected process counts separated by commas, e.g. "
                               f"--set {key}=8 or {key}=8,16, or {key}=() for any") from None
@@ -188,6 +205,8 @@ def launch_values(profile_or_path: str, overrides: list[str] | None = None) -> t
             raise ConfigError(f"{source}: unknown config key {key!r}{_closest(key)}")
         values[key] = _check_type(key, value, source)
     set_values = parse_set_arguments(overrides or [])
+    # --set recipe=NAME (the launcher's --recipe): on the profile, under the stage and --set
+    values.update(recipe_values(set_values.get("recipe", ""), _distills({**values, **set_values})))
     for stage in range(1, len(values.get("stages", ())) + 1):  # every stage's keys, before stage 1 starts
         stage_overrides(values["stages"], stage, source)
     values.update(stage_overrides(values.get("stages", ()), set_values.get("stage", values.get("stage", 0)), source))
@@ -205,6 +224,8 @@ def build_config(values: dict, num_processes: int | None = None, check_paths: bo
     every interval are capped to max_steps when a stage sets it (at least one of each at its end)
     or the command line does (`max_steps_given`: a quick trial, which `notes` reports)."""
     config = TrainConfig(**values)
+    # before the rules: they check the schedules at this stage's first step
+    config.schedule_offset = sum(dict(entry)["steps"] for entry in config.stages[: max(config.stage - 1, 0)])
     config.num_processes = num_processes if num_processes is not None else (config.supported_num_gpus or (1,))[0]
     if max_steps_given or (config.stages and config.stage):
         capped = [f"{key} {getattr(config, key)} -> {config.max_steps}" for key in CAPPED_TO_MAX_STEPS
@@ -215,6 +236,10 @@ def build_config(values: dict, num_processes: int | None = None, check_paths: bo
             notes.append(f"max_steps={config.max_steps} caps {', '.join(capped)}")
     validate(config, check_paths=check_paths)
     resolve(config)
+    if config.adaptive_adversarial and config.seraena_weight > 0 and config.zero_stage == 3:
+        raise ConfigError(f"adaptive_adversarial=true with ZeRO-3 ({config.accelerate_config}): the weight reads "
+                          "gradients of the decoder's last layer, which ZeRO-3 partitions; use a ZeRO-2 or DDP "
+                          "accelerate file, or set adaptive_adversarial=false")
     if config.compile and config.zero_stage == 3:
         raise ConfigError(f"compile=true with ZeRO-3 ({config.accelerate_config}): its parameter gathering hooks break "
                           "the compiled graph; use a ZeRO-2 or DDP accelerate file, or set compile=false")

@@ -8,7 +8,14 @@ from models.variants import VARIANTS
 from training.base.lr_schedule import SCHEDULES
 from training.base.storage import ObjectStore, StorageError, is_remote
 from training.config.inputs import check_required_paths
-from training.config.terms import LOSS_TERMS, WEIGHT_KEYS
+from training.config.terms import (
+    LOSS_TERMS,
+    TERMS_BY_NAME,
+    WEIGHT_KEYS,
+    discriminator_start,
+    schedule,
+    student_needs,
+)
 from training.config.schema import (
     ACCELERATE_CONFIG_DIR,
     CAPPED_TO_MAX_STEPS,
@@ -75,6 +82,12 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
     if c.seraena_weight > 0 and decoded_frames < 3:
         raise ConfigError(f"seraena_weight={c.seraena_weight} needs at least 3 decoded frames (one group), "
                           f"n_frames={c.n_frames} gives {decoded_frames}: raise n_frames or set seraena_weight=0")
+    if c.seraena_weight > 0 and c.batch_size_per_gpu * (decoded_frames // 3) < 2:
+        # Seraena's BatchNorm normalises each discriminator batch: one sample has no batch statistics
+        raise ConfigError(f"seraena_weight={c.seraena_weight}: Seraena's BatchNorm needs at least 2 frame groups per rank, "
+                          f"batch_size_per_gpu={c.batch_size_per_gpu} x {decoded_frames // 3} group(s) of 3 decoded frames "
+                          f"gives {c.batch_size_per_gpu * (decoded_frames // 3)}: raise batch_size_per_gpu or n_frames, "
+                          "or set seraena_weight=0")
     if (c.temporal_weight > 0 or "flicker" in c.best_metric) and decoded_frames < 2:
         what = f"temporal_weight={c.temporal_weight}" if c.temporal_weight > 0 else f"best_metric={c.best_metric}"
         raise ConfigError(f"{what} compares consecutive frames, n_frames={c.n_frames} gives {decoded_frames} decoded frame: "
@@ -135,6 +148,7 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
     for key in (*WEIGHT_KEYS, "learning_rate"):
         if getattr(c, key) < 0:
             raise ConfigError(f"{key}={getattr(c, key)} must not be negative")
+    check_schedules(c)
     reference_keys = [term.weight_key for term in LOSS_TERMS if term.needs_reference]
     if not c.use_ref_vae and any(getattr(c, key) > 0 for key in reference_keys):
         raise ConfigError(
@@ -159,3 +173,35 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
         raise ConfigError(f"accelerate_config={c.accelerate_config!r}: no such file in {ACCELERATE_CONFIG_DIR}")
     if check_paths:
         check_required_paths(c)
+
+
+def check_schedules(c: TrainConfig) -> None:
+    """The loss schedules: well formed, a discriminator that trains before its term reaches the
+    student, and no part of the student idle at the stage's first step (DDP expects a gradient for
+    every parameter in every step)."""
+    for term in LOSS_TERMS:
+        value = getattr(c, term.schedule_key)
+        if value and (len(value) != 2 or value[0] < 0 or value[1] < 0):
+            raise ConfigError(f"{term.schedule_key}={value!r}: expected (start_step, ramp_steps), both >= 0, "
+                              f"e.g. {term.schedule_key}=20000,1000, or () for the full weight from step 0")
+    if c.discriminator_start_step < -1:
+        raise ConfigError(f"discriminator_start_step={c.discriminator_start_step}: use a step >= 0, or -1 (with its term)")
+    seraena_start = schedule(c, TERMS_BY_NAME["seraena"])[0]
+    if c.seraena_weight > 0 and discriminator_start(c) > seraena_start:
+        raise ConfigError(f"discriminator_start_step={c.discriminator_start_step} is after the seraena term's start "
+                          f"{seraena_start} (seraena_schedule): the student would learn from an untrained "
+                          f"discriminator; start the discriminator at or before {seraena_start}, or -1")
+    if c.adaptive_weight_max <= 0 or c.discriminator_collapse_steps < 0:
+        raise ConfigError(f"adaptive_weight_max={c.adaptive_weight_max:g} must be positive and discriminator_collapse_steps="
+                          f"{c.discriminator_collapse_steps} >= 0")
+    if not any(getattr(c, key) for key in (t.schedule_key for t in LOSS_TERMS)):
+        return
+    everything, first = student_needs(c), student_needs(c, at_step=0)
+    decodes = lambda needs: needs.roundtrip or needs.reference_decode  # noqa: E731
+    for part, idle in (("encoder", everything.encode and not first.encode),
+                       ("decoder", decodes(everything) and not decodes(first))):
+        if idle:
+            late = [f"{t.schedule_key}={getattr(c, t.schedule_key)}" for t in LOSS_TERMS if getattr(c, t.schedule_key)]
+            raise ConfigError(f"no loss term trains the {part} at this stage's first step ({', '.join(late)}): start "
+                              f"one term that reads it at step {c.schedule_offset} (an empty schedule), or train the "
+                              f"{part} in a stage of its own")

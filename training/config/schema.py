@@ -199,6 +199,29 @@ class TrainConfig:
     temporal_weight: float = option(0.0, "pixel loss (pixel_loss) of frame-to-frame changes, decoded vs input: "
                                     "against flicker (docs/evaluation.md#flicker); 0 skips it",
                                     measured=("memory", "flops"))
+    # a term's schedule: (start_step, ramp_steps) in optimizer steps counted from the run's first stage; its
+    # weight is 0 before start_step and rises linearly to the full weight over ramp_steps (docs/training.md#loss-schedules)
+    encoder_schedule: tuple = option((), "(start_step, ramp_steps) of encoder_weight; () = full weight from step 0")
+    decoder_schedule: tuple = option((), "(start_step, ramp_steps) of decoder_weight; () = full weight from step 0")
+    reconstruction_schedule: tuple = option((), "(start_step, ramp_steps) of reconstruction_weight; () = full weight "
+                                            "from step 0")
+    perceptual_schedule: tuple = option((), "(start_step, ramp_steps) of perceptual_weight; () = full weight from step 0")
+    temporal_schedule: tuple = option((), "(start_step, ramp_steps) of temporal_weight; () = full weight from step 0")
+    seraena_schedule: tuple = option((), "(start_step, ramp_steps) of seraena_weight, the adversarial term; () = full "
+                                     "weight from step 0")
+    discriminator_start_step: int = option(-1, "optimizer step from which Seraena's discriminator updates; earlier than "
+                                           "the seraena term's start warms the critic up alone; -1 = with its term")
+    adaptive_adversarial: bool = option(False, "scale the seraena term by the norm of the reconstruction terms' "
+                                       "gradient over the norm of its own, both on the decoder's last layer (VQGAN's "
+                                       "adaptive weight), clamped to adaptive_weight_max; times seraena_weight and "
+                                       "its schedule")
+    adaptive_weight_max: float = option(1e4, "clamp of the adaptive adversarial weight")
+    discriminator_collapse_steps: int = option(200, "K: a discriminator whose loss is non-finite or collapsed (below "
+                                               "1e-3: it tells every fake apart) for K optimizer steps in a row is reset "
+                                               "to its initial weights and optimizer, logged; 0 = never", resume_may_change=True)
+    recipe: str = option("", "a named recipe applied on top of the profile (training/config/recipes.py): loss weights, "
+                         "schedules and optimizer settings of a published recipe; the launcher's --recipe NAME",
+                         stage_fixed=True)
     pixel_loss: str = option("mse", "pixel loss: mse or l1", measured=("memory",))
     lpips_weights_path: str = option("", "LPIPS v0.1 heads file (alex.pth); empty = torch hub cache",
                                      resume_may_change=True)
@@ -248,6 +271,8 @@ class TrainConfig:
     # --- derived in resolve(); not settable ----------------------------------------------------
     num_processes: int = option(1, "[derived] processes in this launch")
     latent_frames: int = option(0, "[derived] latent frames per clip")
+    schedule_offset: int = option(0, "[derived] optimizer steps of the stages before this one: loss schedules count "
+                                  "from the run's first step")
     warmup_fraction: float = option(0.0, "[derived] warmup_steps / max_steps")
     zero_stage: int = option(0, "[derived] ZeRO stage read from the accelerate file (0 = plain DDP)",
                              measured=("memory",), shell="CONFIG_ZERO_STAGE")

@@ -18,7 +18,8 @@ from training.loop.recovery import TrainingStopped, drop_gradients, step_out_of_
 from training.loop.state import TrainingRun
 from training.run.checkpoint_files import complete_checkpoints
 from training.loop.skips import STEP_SKIPS
-from training.step.losses import StepLosses, add_seraena_term, forward_losses
+from training.config.terms import discriminator_updates
+from training.step.losses import StepLosses, add_seraena_term, decoder_last_layer, forward_losses
 
 
 @dataclass
@@ -77,7 +78,8 @@ def compute_locally(run: TrainingRun, batch, window: Window) -> LocalResult:
                 reference_latents = reference_latents_for(run, batch, video, check=False)
                 if reference_latents is not None:
                     local.reference_failed = ~torch.isfinite(reference_latents).all()
-                local.losses = forward_losses(run.config, model, video.to(model_dtype(model)), reference_latents, run.lpips)
+                local.losses = forward_losses(run.config, model, video.to(model_dtype(model)), reference_latents, run.lpips,
+                                              step=run.progress.step)
         except RuntimeError as error:  # torch.OutOfMemoryError, or cuDNN's and cuBLAS's own allocation failures
             if not is_memory_error(error):
                 raise
@@ -140,8 +142,10 @@ def apply(run: TrainingRun, local: LocalResult, window: Window) -> tuple[dict | 
                                f"{run.progress.micro_step}; report this with the accelerate version")
         phase, began = "Seraena step", []
         try:
-            # its discriminator steps once per optimizer step
-            loss = add_seraena_term(config, run.seraena, losses, update_discriminator=accelerator.sync_gradients)
+            # its discriminator steps once per optimizer step, from its start (training/config/terms.py)
+            update = accelerator.sync_gradients and discriminator_updates(config, run.progress.step)
+            last_layer = decoder_last_layer(accelerator.unwrap_model(model).taehv) if config.adaptive_adversarial else None
+            loss = add_seraena_term(config, run.seraena, losses, update_discriminator=update, last_layer=last_layer)
             phase = "backward"
             loss.register_hook(lambda grad: began.append(True))  # autograd reached the loss: the backward began
             accelerator.backward(loss)

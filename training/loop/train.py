@@ -278,6 +278,19 @@ def describe_teacher(config: TrainConfig) -> str:
     return f"distilling from {config.reference_family}" + (f" (latents from the cache {config.latent_cache})" if config.latent_cache else "")
 
 
+def note_discriminator_reset(run: TrainingRun) -> None:
+    """A discriminator failing for discriminator_collapse_steps in a row starts over (checked at log
+    steps, which sync anyway; every rank decides alike on the averaged loss)."""
+    if run.seraena is None:
+        return
+    failed = run.seraena.reset_if_failing(run.config.discriminator_collapse_steps)
+    if failed:
+        run.log.line(f"Seraena's discriminator loss was non-finite or below 1e-3 (collapsed) for {failed} optimizer "
+                     f"steps in a row: its weights and optimizer were reset to their initial values (reset "
+                     f"{run.seraena.resets}; discriminator_collapse_steps={run.config.discriminator_collapse_steps})")
+    run.accelerator.log({"train/seraena_discriminator_resets": run.seraena.resets}, step=run.progress.step)
+
+
 def train(run: TrainingRun) -> None:
     """Optimizer steps until max_steps (or early stopping), with logging, validation and
     checkpoints at their intervals."""
@@ -319,6 +332,7 @@ def train(run: TrainingRun) -> None:
             if bar is not None:
                 bar.update(1)
             if log_due(config, step):
+                note_discriminator_reset(run)
                 elapsed = time.perf_counter() - last_log_time
                 log_training(run, window, elapsed, data_wait)
                 last_log_time, data_wait, window = time.perf_counter(), 0.0, []

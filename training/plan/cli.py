@@ -11,6 +11,7 @@ from training.config.docs import configuration_markdown
 from training.config.inputs import data_root_problem, input_problems
 from training.config.load import profile_overrides, stage_names
 from training.config.schema import ACCELERATE_CONFIG_DIR, ConfigError, TrainConfig, error_line, tagged
+from training.config.terms import schedule_lines
 from training.config.views import config_summary, model_lines
 
 
@@ -119,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         print(config_summary(config))
         print("model:")
         for line in model_lines(config):
+            print(f"  {line}")
+        print("loss schedule (in optimizer steps; docs/training.md#loss-schedules):")
+        for line in schedule_lines(config):
             print(f"  {line}")
         print("memory (estimated per rank; training/plan/memory.py, docs/performance.md):")
         over_budget = print_memory(config, args.check_gpu_budget, sys.stdout, args.processes_per_node)

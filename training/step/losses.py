@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from models.metrics import psnr
 from models.taehv import TAEHV
-from training.config.terms import active_terms, source, student_needs
+from training.config.terms import active_terms, source, student_needs, term_weights
 
 if TYPE_CHECKING:
     from training.step.seraena import SeraenaState
@@ -60,6 +60,7 @@ class StepLosses:
     total: torch.Tensor
     logged: dict
     seraena_inputs: tuple | None = None  # (input video, decoded frames with their graph, latent context)
+    weights: dict | None = None  # {term: its scheduled weight in this step} (training/config/terms.py weight_at)
 
     def nonfinite(self) -> torch.Tensor:
         """A 0-dim bool tensor on the device, for agree(): reading it here would wait for the GPU."""
@@ -99,46 +100,89 @@ TERM_LOSSES = {"encoder": _latent_mse, "decoder": _pixels, "reconstruction": _pi
 
 
 def forward_losses(config, student, video: torch.Tensor, reference_latents: torch.Tensor | None,
-                   lpips: nn.Module | None = None) -> StepLosses:
+                   lpips: nn.Module | None = None, step: int | None = None) -> StepLosses:
     """The student's forward and every loss term that needs no other rank. No collective runs
     here (training/base/agreement.py): Seraena's term, whose discriminator update all-reduces, is
-    added by add_seraena_term once every rank agreed the step is good."""
+    added by add_seraena_term once every rank agreed the step is good. `step`: the optimizer step
+    whose schedules weigh the terms (None: every term at its full weight). A term scheduled to
+    weight 0 is not computed; the student computes the same outputs in every step (the config rules
+    make sure a term that starts at once reads each of them)."""
     distill = reference_latents is not None
+    weights = term_weights(config, step, distill) if step is not None else {
+        term.name: getattr(config, term.weight_key) for term in active_terms(config, distill)}
     needs = student_needs(config, distill)
     outputs = student(video, reference_latents, want_latents=needs.latents, want_roundtrip=needs.roundtrip,
                       want_reference_decode=needs.reference_decode)
     terms, seraena_inputs = {}, None
     for term in active_terms(config, distill):  # in the table's order: the total's sum as before
         read = outputs[source(term, distill)]
-        if term.across_ranks:  # Seraena's: what add_seraena_term needs
+        if term.across_ranks:  # Seraena's: what add_seraena_term needs (its critic may warm up at weight 0)
             seraena_inputs = (video, read.float(), reference_latents if distill else outputs["latents"])
-        else:
-            terms[term.name] = (getattr(config, term.weight_key),
-                                TERM_LOSSES[term.name](config, read, video, reference_latents, lpips))
+        elif weights[term.name] > 0:
+            terms[term.name] = (weights[term.name], TERM_LOSSES[term.name](config, read, video, reference_latents, lpips))
     total = sum((weight * value for weight, value in terms.values()), torch.zeros((), device=video.device))
     shown = outputs.get("reference_decode", outputs.get("roundtrip"))
     logged = {name: value.detach() for name, (_, value) in terms.items()}
+    if step is not None:  # train/<term>_weight in TensorBoard: the schedules as they ran
+        logged.update({f"{name}_weight": torch.tensor(weight) for name, weight in weights.items()})
     logged["loss"] = total.detach()
     if shown is not None:  # nothing is decoded when only the encoder term is on
         logged["psnr"] = psnr(shown.detach(), aligned(video, shown)).mean()
-    return StepLosses(total, logged, seraena_inputs)
+    return StepLosses(total, logged, seraena_inputs, weights)
 
 
-def add_seraena_term(config, seraena: "SeraenaState | None", losses: StepLosses,
-                     update_discriminator: bool = True) -> torch.Tensor:
+def add_seraena_term(config, seraena: "SeraenaState | None", losses: StepLosses, update_discriminator: bool = True,
+                     last_layer: torch.Tensor | None = None) -> torch.Tensor:
     """The total with Seraena's term added (its discriminator step all-reduces across ranks: call
-    it on every rank, after the agreement, or on none). The loop updates the discriminator on the
-    last micro-step of each optimizer step only."""
+    it on every rank, after the agreement, or on none; every rank takes the same branch, the
+    weight and the update being functions of the step). The loop updates the discriminator on the
+    last micro-step of each optimizer step from discriminator_start_step on. Before the term's
+    schedule starts, the discriminator may warm up alone. last_layer: the decoder's last weight,
+    for adaptive_adversarial."""
     if seraena is None or losses.seraena_inputs is None:
+        return losses.total
+    weight = losses.weights["seraena"] if losses.weights is not None else config.seraena_weight
+    if weight == 0:  # before its schedule: the critic warms up alone, or waits
+        if update_discriminator:
+            seraena.discriminator_step(*losses.seraena_inputs)
+            log_seraena_stats(seraena, losses.logged)
         return losses.total
     term = seraena.loss(*losses.seraena_inputs, update_discriminator=update_discriminator)
     losses.logged["seraena"] = term.detach()
-    # the adversarial game in TensorBoard: train/seraena_discriminator_loss, _accuracy, _gradient_std
-    losses.logged.update({f"seraena_{k}": v for k, v in seraena.seraena.last_stats.items()})
-    seraena.seraena.last_stats = {}
-    total = losses.total + config.seraena_weight * term
+    log_seraena_stats(seraena, losses.logged)
+    if config.adaptive_adversarial:
+        scale = adaptive_weight(losses.total, term, last_layer, config.adaptive_weight_max)
+        losses.logged["seraena_adaptive_weight"] = scale
+        weight = weight * scale
+    total = losses.total + weight * term
     losses.logged["loss"] = total.detach()
     return total
+
+
+def log_seraena_stats(seraena: "SeraenaState", logged: dict) -> None:
+    # the adversarial game in TensorBoard: train/seraena_discriminator_loss, _accuracy, _gradient_std
+    logged.update({f"seraena_{k}": v for k, v in seraena.seraena.last_stats.items()})
+    seraena.seraena.last_stats = {}
+
+
+def adaptive_weight(reconstruction: torch.Tensor, adversarial: torch.Tensor, last_layer: torch.Tensor,
+                    clamp: float) -> torch.Tensor:
+    """VQGAN's adaptive weight: ||d rec / d W|| / ||d adv / d W|| on the decoder's last layer W,
+    clamped to [0, clamp], detached (a 0-dim tensor on the device: no sync). The adversarial
+    term then pulls on W as hard as the reconstruction terms do. Local: autograd.grad reduces
+    nothing across ranks."""
+    rec_grad, adv_grad = (torch.autograd.grad(loss, last_layer, retain_graph=True, allow_unused=True)[0]
+                          for loss in (reconstruction, adversarial))
+    if rec_grad is None or adv_grad is None:  # no reconstruction term reaches W: the configured weight alone
+        return torch.ones((), device=adversarial.device)
+    ratio = rec_grad.float().norm() / (adv_grad.float().norm() + 1e-4)
+    return ratio.clamp(0.0, clamp).detach()
+
+
+def decoder_last_layer(taehv: TAEHV) -> torch.Tensor:
+    """The weight of the decoder's last convolution (what adaptive_weight measures on)."""
+    convolutions = [m for m in taehv.decoder.modules() if isinstance(m, nn.Conv2d)]
+    return convolutions[-1].weight
 
 
 def compute_losses(config, student, video: torch.Tensor, reference_latents: torch.Tensor | None,
@@ -146,4 +190,5 @@ def compute_losses(config, student, video: torch.Tensor, reference_latents: torc
     """Total weighted loss and the detached terms for logging, in one call (one process, or
     callers that know every rank's forward succeeded)."""
     losses = forward_losses(config, student, video, reference_latents, lpips)
-    return add_seraena_term(config, seraena, losses), losses.logged
+    last_layer = decoder_last_layer(student.taehv) if config.adaptive_adversarial else None
+    return add_seraena_term(config, seraena, losses, last_layer=last_layer), losses.logged

@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from models.seraena import Seraena, group_frames, video_context
 from training.step.losses import aligned
 
+COLLAPSED_LOSS = 1e-3  # MSE of the scores against +-1: below it the discriminator tells every fake apart
+
 
 def all_reduce_mean(tensors: list[torch.Tensor]) -> None:
     """In place, across all ranks (no-op in one process)."""
@@ -42,6 +44,12 @@ class SeraenaState:
                                    seed=seed + rank, amp_dtype=amp_dtype, weight_seed=seed)
         if next(self.seraena.parameters()).device != torch.device(device):  # (a no-op .to() fails under fake tensors)
             self.seraena.to(device)
+        # for a reset after a collapse (reset_if_failing): the same initial state on every rank
+        self.initial_weights = {k: v.detach().clone() for k, v in self.seraena.disc.state_dict().items()}
+        self.optimizer_settings = {k: v for k, v in self.seraena.optimizer.defaults.items()
+                                   if k in ("lr", "betas", "eps", "weight_decay")}
+        self.failing_steps = torch.zeros((), dtype=torch.long, device=device)  # in a row, of the averaged loss
+        self.resets = 0
 
     def loss(self, real: torch.Tensor, decoded: torch.Tensor, latents: torch.Tensor,
              update_discriminator: bool = True) -> torch.Tensor:
@@ -49,21 +57,64 @@ class SeraenaState:
         profile with the same global batch plays the same game whatever its accumulation), then
         returns MSE(decoded, corrected target) for the student. The loop calls it only on a step
         every rank agreed is finite, decode included (StepLosses.nonfinite)."""
-        real_groups = group_frames(aligned(real, decoded)).float()  # under bf16 engines the input video is bf16
-        fake_groups = group_frames(decoded)
-        context = video_context(latents.detach().float(), fake_groups.shape[0] // decoded.shape[0])
+        real_groups, fake_groups, context = self._groups(real, decoded, latents)
         if update_discriminator:
-            self.seraena.discriminator_step(real_groups, fake_groups.detach().float(), context, reduce_gradients=all_reduce_mean)
-            all_reduce_mean(self.seraena.batchnorm_buffers())
+            self._discriminator_step(real_groups, fake_groups, context)
         target = self.seraena.correct(real_groups, fake_groups.detach().float(), context)
+        # a non-finite correction (a broken discriminator) becomes none: the student never gets NaN from it
+        target = torch.where(torch.isfinite(target), target, fake_groups.detach().float())
         return F.mse_loss(fake_groups.float(), target)
 
+    def discriminator_step(self, real: torch.Tensor, decoded: torch.Tensor, latents: torch.Tensor) -> None:
+        """The discriminator's step alone (its warm-up, before its term reaches the student)."""
+        self._discriminator_step(*self._groups(real, decoded, latents))
+
+    @staticmethod
+    def _groups(real, decoded, latents):
+        real_groups = group_frames(aligned(real, decoded)).float()  # under bf16 engines the input video is bf16
+        fake_groups = group_frames(decoded)
+        return real_groups, fake_groups, video_context(latents.detach().float(), fake_groups.shape[0] // decoded.shape[0])
+
+    def _discriminator_step(self, real_groups, fake_groups, context) -> None:
+        self.seraena.discriminator_step(real_groups, fake_groups.detach().float(), context,
+                                        reduce_gradients=self._finite_mean)
+        # the loss averaged with the BatchNorm statistics (one all-reduce): every rank counts the same collapse
+        loss = self.seraena.last_stats["discriminator_loss"].reshape(1).float().clone()
+        all_reduce_mean([*self.seraena.batchnorm_buffers(), loss])
+        self.seraena.last_stats["discriminator_loss"] = loss[0]
+        failing = ~torch.isfinite(loss[0]) | (loss[0] < COLLAPSED_LOSS)
+        self.failing_steps = torch.where(failing, self.failing_steps + 1, torch.zeros_like(self.failing_steps))
+
+    def _finite_mean(self, gradients: list[torch.Tensor]) -> None:
+        """Averages the discriminator's gradients across ranks; a non-finite average (a rank's loss
+        overflowed) becomes zeros, so its weights never turn NaN (no host sync: decided on the device)."""
+        all_reduce_mean(gradients)
+        for gradient in gradients:
+            gradient.copy_(torch.where(torch.isfinite(gradient), gradient, torch.zeros_like(gradient)))
+
+    def reset_if_failing(self, steps: int) -> int:
+        """When the discriminator's loss was non-finite or collapsed for `steps` optimizer steps in a
+        row (0: never), its weights and optimizer start over from their initial values, the same on
+        every rank (the count is of the all-reduced loss). Returns the steps it failed (0 when kept).
+        Reads one device scalar: the loop calls it where it syncs anyway (a log step)."""
+        failed = int(self.failing_steps.item())
+        if not steps or failed < steps:
+            return 0
+        self.seraena.disc.load_state_dict(self.initial_weights)
+        self.seraena.optimizer = torch.optim.AdamW(self.seraena.disc.parameters(), **self.optimizer_settings)
+        self.failing_steps.zero_()
+        self.resets += 1
+        return failed
+
     def state_dict(self) -> dict:
-        return {"weights": self.seraena.state_dict(), "training": self.seraena.training_state_dict()}
+        return {"weights": self.seraena.state_dict(), "training": self.seraena.training_state_dict(),
+                "failing_steps": int(self.failing_steps), "resets": self.resets}
 
     def load_state_dict(self, state: dict) -> None:
         self.seraena.load_state_dict(state["weights"])
         self.seraena.load_training_state_dict(state["training"])
+        self.failing_steps.fill_(int(state.get("failing_steps", 0)))
+        self.resets = int(state.get("resets", 0))
 
     def rank_state_dict(self, with_buffer: bool = True) -> dict:
         state = self.seraena.rank_state_dict()
