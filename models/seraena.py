@@ -119,10 +119,16 @@ class ReplayBuffer:
             self.copied.synchronize()
             self.copied = None
 
-    def sample(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(fakes in [0, 1], contexts), as float32 on the CPU."""
+    def sample(self, count: int, like: torch.Size | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(fakes in [0, 1], contexts), as float32 on the CPU; with `like`, drawn among the fakes of
+        that shape only (a run with aspect buckets holds several), None when none has it."""
         self.wait_for_copies()
-        slots = [self.rng.randrange(len(self.fakes)) for _ in range(count)]
+        pool = range(len(self.fakes))
+        if like is not None and any(fake.shape != like for fake in self.fakes):
+            pool = [i for i, fake in enumerate(self.fakes) if fake.shape == like]
+            if not pool:
+                return None
+        slots = [pool[self.rng.randrange(len(pool))] for _ in range(count)]
         fakes = torch.stack([self.fakes[i] for i in slots]).float() / 255
         return fakes, torch.stack([self.contexts[i] for i in slots]).float()
 
@@ -174,8 +180,9 @@ class Seraena(nn.Module):
         candidates, candidate_context = fake, context
         if len(self.buffer) > 0:
             n_replay = n // 2
-            if n_replay:
-                old_fake, old_context = self.buffer.sample(n_replay)
+            replay = self.buffer.sample(n_replay, fake.shape[1:]) if n_replay else None  # same shape: aspect buckets
+            if replay is not None:
+                old_fake, old_context = replay
                 candidates = torch.cat([fake[: n - n_replay], old_fake.to(fake)], 0)
                 candidate_context = torch.cat([context[: n - n_replay], old_context.to(context)], 0)
         self.buffer.add(fake, context)

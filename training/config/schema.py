@@ -143,6 +143,11 @@ class TrainConfig:
                          measured=("memory", "flops"), legacy="height")
     width: int = option(720, "crop width in pixels (multiple of 8 x patch size)",
                         measured=("memory", "flops"), legacy="width")
+    buckets: tuple = option((), "aspect and size buckets for training clips: (height, width) pairs, e.g. ((256, 448), "
+                            "(448, 256), (320, 320)), or --set buckets=256,448,448,256,320,320; each clip goes to the "
+                            "bucket nearest its aspect ratio, each micro-step takes one bucket on every rank, memory is "
+                            "planned for the largest, validation stays at height x width (docs/data.md#aspect-buckets); "
+                            "() = every clip at height x width", measured=("memory", "flops"))
     n_frames: int = option(9, "frames per training clip (cogvideox 8k+1, hunyuan/wan 4k+1, autoencoder 4k); at least 2 latent frames",
                            measured=("memory", "flops"))
     image_only: bool = option(False, "allow clips of one latent frame (an image autoencoder: the temporal layers do not train)",

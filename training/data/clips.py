@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
+from training.data.buckets import assign_buckets, require_sizes
 from training.data.shared_memory import SharedMemoryFull
 from training.data.decode import ClipError, read_clip, resize_and_crop, zoomed_crop
 from training.data.index import ClipIndex
@@ -33,6 +34,7 @@ class ClipSpec:
     loop_short_clips: bool = False
     decode_threads: int = 2
     crop_min_side: int = 0  # scale augmentation of training clips (0 = off; see zoomed_cover)
+    buckets: tuple = ()  # (height, width) pairs for training clips (training/data/buckets.py); () = height x width
 
 
 class VideoClipDataset(Dataset):
@@ -40,12 +42,18 @@ class VideoClipDataset(Dataset):
     "decoded_frames": frames the decoder produced for it, "recipe": how to read the same clip
     again (clip: relative path, sources: stream frame indices, crop: (top, left), flip)}.
     Training draws (start, stride, crop, flip) from a generator seeded by (seed, epoch, index);
-    validation takes a centred crop at the smallest stride from a fixed start."""
+    validation takes a centred crop at the smallest stride from a fixed start. With spec.buckets a
+    training sample is cut to the bucket of the clip its key names (`bucket_ids`), a replacement
+    draw included, so a batch of one bucket stays one shape; validation stays at height x width."""
 
     def __init__(self, index: ClipIndex, spec: ClipSpec, train: bool = True, seed: int = 0, max_redraws: int = 16):
         if len(index) == 0:
             raise DataFailureError(f"no video files under {index.root}: check data_root / index_path")
         self.index, self.spec, self.train, self.seed, self.max_redraws = index, spec, train, seed, max_redraws
+        self.bucket_ids = None
+        if train and spec.buckets:
+            require_sizes(index, spec.buckets)
+            self.bucket_ids = assign_buckets(index, spec.buckets, (spec.height, spec.width))
 
     def __len__(self) -> int:
         return len(self.index)
@@ -54,6 +62,7 @@ class VideoClipDataset(Dataset):
         epoch, index = key if isinstance(key, tuple) else (0, key)
         rng = random.Random(f"{self.seed}/{epoch}/{index}")
         spec, skipped, decoded = self.spec, [], 0
+        height, width = spec.buckets[self.bucket_ids[index]] if self.bucket_ids is not None else (spec.height, spec.width)
         for attempt in range(self.max_redraws):
             i = index if attempt == 0 else rng.randrange(len(self.index))
             max_delta = spec.max_frame_delta if self.train else spec.min_frame_delta
@@ -63,14 +72,14 @@ class VideoClipDataset(Dataset):
                 with self.index.local_copy(i) as path:
                     frames, decoded, sources = read_clip(path, int(self.index.frames[i]), spec.n_frames, spec.min_frame_delta,
                                                          max_delta, window_rng, spec.loop_short_clips,
-                                                         cover=None if zoom else (spec.height, spec.width),  # zoom: own size
+                                                         cover=None if zoom else (height, width),  # zoom: own size
                                                          threads=spec.decode_threads)
             except ClipError as error:
                 skipped.append((error.reason, self.index.location(i)))
                 continue
             video = torch.from_numpy(frames).permute(0, 3, 1, 2)
-            video, crop = (zoomed_crop(video, spec.height, spec.width, *zoom, rng) if zoom
-                           else resize_and_crop(video, spec.height, spec.width, rng if self.train else None))
+            video, crop = (zoomed_crop(video, height, width, *zoom, rng) if zoom
+                           else resize_and_crop(video, height, width, rng if self.train else None))
             flip = self.train and spec.horizontal_flip and rng.random() < 0.5
             recipe = {"clip": self.index.relative(i), "sources": sources, "crop": crop, "flip": flip}
             return {"video": (video.flip(-1) if flip else video).contiguous(), "skipped": skipped,

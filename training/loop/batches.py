@@ -7,6 +7,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from training.data.buckets import at_largest_bucket
 from training.data.shared_memory import SharedMemoryFull, shared_memory_stop
 from training.base.storage import StorageUnavailable
 
@@ -40,20 +41,20 @@ def loader_batches(run: TrainingRun):
             print(f"rank {run.accelerator.process_index}: {run.storage_down}", file=sys.stderr, flush=True)
         except SharedMemoryFull as error:  # the next batches would not fit either: every rank stops together (train_step)
             cause = str(error).strip().splitlines()[-1].split("SharedMemoryFull: ", 1)[-1]
-            run.shared_memory_full = shared_memory_stop(run.config, cause, local_processes())
+            run.shared_memory_full = shared_memory_stop(at_largest_bucket(run.config), cause, local_processes())
         except RuntimeError as error:
             if "DataLoader worker" not in str(error):
                 raise
             if killed_by_bus_error(iterator):  # not a bad file: a full /dev/shm ends a worker this way
                 latent_shard = ", or reading a latent cache shard truncated on disk" if run.config.latent_cache else ""
-                run.shared_memory_full = shared_memory_stop(
-                    run.config, f"a data worker was killed by SIGBUS (a bus error: how a process dies writing into a full "
-                                f"/dev/shm{latent_shard})", local_processes())
+                cause = f"a data worker was killed by SIGBUS (a bus error: how a process dies writing into a full /dev/shm{latent_shard})"
+                run.shared_memory_full = shared_memory_stop(at_largest_bucket(run.config), cause, local_processes())
             else:
                 print(f"rank {run.accelerator.process_index}: {error}; its batch is skipped", file=sys.stderr, flush=True)
                 run.failures.update([("worker_died", str(error))] * run.config.batch_size_per_gpu, 0)
             run.loader._iterator = None  # persistent workers: the broken iterator must not be reused
         yield None
+        # EpochShardSampler or, with aspect buckets, BucketBatchSampler: the same position in batches
         run.sampler.set_position(*divmod(run.progress.micro_step, run.sampler.batches_per_epoch))
 
 

@@ -134,12 +134,13 @@ def build_reference_vae(config: TrainConfig, device):
 
 
 def build_seraena(config: TrainConfig, accelerator, taehv: TAEHV):
+    from training.data.buckets import at_largest_bucket
     from training.step.seraena import replay_capacity
 
     if config.seraena_weight <= 0:
         return None
     amp = torch.bfloat16 if accelerator.device.type == "cuda" and config.mixed_precision == "bf16" else None
-    capacity = replay_capacity(config, taehv.patch_size, taehv.latent_channels)  # within seraena_buffer_gb
+    capacity = replay_capacity(at_largest_bucket(config), taehv.patch_size, taehv.latent_channels)  # within seraena_buffer_gb
     return SeraenaState(taehv.latent_channels, config.seraena_learning_rate, capacity, config.seed,
                         accelerator.process_index, accelerator.device, amp)
 
@@ -240,7 +241,7 @@ def build_datasets(config: TrainConfig, run_dir: Path | None = None):
     train_index, validation_index = index.split(config.validation_fraction)
     spec = ClipSpec(config.n_frames, config.height, config.width, config.min_frame_delta, config.max_frame_delta,
                     config.horizontal_flip, loop_short_clips=config.short_clip_policy == "loop",
-                    decode_threads=config.decode_threads, crop_min_side=config.crop_min_side)
+                    decode_threads=config.decode_threads, crop_min_side=config.crop_min_side, buckets=config.buckets)
     return VideoClipDataset(train_index, spec, train=True, seed=config.seed), VideoClipDataset(validation_index, spec, train=False, seed=config.seed)
 
 
@@ -251,7 +252,13 @@ def build_train_loader(config: TrainConfig, dataset, rank: int, world_size: int)
 
     from training.data.clips import EpochShardSampler, collate_clips, seed_worker
 
-    sampler = EpochShardSampler(len(dataset), config.batch_size_per_gpu, rank, world_size, seed=config.seed)
+    if config.buckets:  # every micro-step from one (height, width) bucket (training/data/buckets.py)
+        from training.data.buckets import BucketBatchSampler
+
+        bucket_ids = getattr(dataset, "dataset", dataset).bucket_ids  # fault injection may wrap the dataset
+        sampler = BucketBatchSampler(bucket_ids, config.batch_size_per_gpu, rank, world_size, config.seed, config.buckets)
+    else:
+        sampler = EpochShardSampler(len(dataset), config.batch_size_per_gpu, rank, world_size, seed=config.seed)
     workers = config.num_workers
     loader = DataLoader(
         dataset,

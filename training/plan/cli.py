@@ -18,13 +18,14 @@ from training.config.views import config_summary, model_lines
 def print_memory(config: TrainConfig, check_gpu_budget: bool, problem_stream, processes_per_node: int | None = None) -> bool:
     """The memory estimate lines (and the data loaders' shared memory per node against this
     machine's /dev/shm); True (and the fix printed) when the GPU estimate exceeds gpu_memory_gb."""
+    from training.data.buckets import at_largest_bucket
     from training.data.shared_memory import shared_memory_line
     from training.plan.memory import budget_problem, estimate_memory
 
     estimate = estimate_memory(config)
     for line in estimate.lines(config.gpu_memory_gb if check_gpu_budget else None):
         print(f"  {line}")
-    print(f"  {shared_memory_line(config, processes_per_node)}")
+    print(f"  {shared_memory_line(at_largest_bucket(config), processes_per_node)}")
     problem = budget_problem(config, estimate) if check_gpu_budget else ""
     if problem:
         print(f"config error: {problem}", file=problem_stream)
@@ -124,15 +125,21 @@ def main(argv: list[str] | None = None) -> int:
         print("loss schedule (in optimizer steps; docs/training.md#loss-schedules):")
         for line in schedule_lines(config):
             print(f"  {line}")
+        from training.data.buckets import at_largest_bucket, bucket_lines
+
+        if config.buckets:  # aspect buckets: their share of the clips; the estimates below are at the largest
+            print("buckets (training/data/buckets.py, docs/data.md#aspect-buckets):")
+            for line in bucket_lines(config):
+                print(f"  {line}")
         print("memory (estimated per rank; training/plan/memory.py, docs/performance.md):")
         over_budget = print_memory(config, args.check_gpu_budget, sys.stdout, args.processes_per_node)
         from training.plan.decode_budget import compute_line, decode_budget_lines
 
         if not config.accelerate_config.endswith("_cpu.yaml"):
             print("compute (training/plan/step_flops.py):")
-            print(f"  {compute_line(config)}")
+            print(f"  {compute_line(at_largest_bucket(config))}")
 
-        budget = decode_budget_lines(config)
+        budget = decode_budget_lines(at_largest_bucket(config))
         if budget:
             print("data loading (training/plan/decode_budget.py):")
             for line in budget:
@@ -152,20 +159,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  missing: {problem}")
         return 1 if problems else 0
     if args.shell:
+        from training.data.buckets import at_largest_bucket
         from training.data.shared_memory import shared_memory_problem
 
         shell_values = {
             "CONFIG_SOURCE": source,
             "ACCELERATE_CONFIG_FILE": str(ACCELERATE_CONFIG_DIR / config.accelerate_config),
             **shell_tagged_values(config),
-            "CONFIG_CLIP": f"{config.n_frames} frames of {config.height}x{config.width} ({config.latent_frames} latent frames)",
+            "CONFIG_CLIP": f"{config.n_frames} frames of {config.height}x{config.width} ({config.latent_frames} latent frames)"
+                           + (f", trained in buckets {', '.join(f'{h}x{w}' for h, w in config.buckets)}" if config.buckets else ""),
             "RUN_DIR": run.run_dir,
             "CONFIG_REF_VAE": config.ref_vae_path if config.use_ref_vae else "(autoencoder mode)",
             "CONFIG_MODEL": " | ".join(model_lines(config)),
             "VISIBLE_GPUS": visible_gpu_count(),  # 0 also decides a cpu/test launch is a CPU run (the launcher)
             "CONFIG_STAGES": " ".join(f"{name}:{dict(entry)['steps']}" for name, entry in zip(stage_names(config.stages), config.stages)),
             # /dev/shm against the data loaders of this node ('' when it fits): refused, or a warning
-            "SHM_PROBLEM": shared_memory_problem(config, args.processes_per_node),
+            "SHM_PROBLEM": shared_memory_problem(at_largest_bucket(config), args.processes_per_node),
         }
         for key, value in shell_values.items():
             print(f"{key}={shlex.quote(str(value))}")

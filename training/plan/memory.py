@@ -2,7 +2,8 @@
 resolved config. Unit: GB = 1e9 bytes everywhere (logs, dry run, docs).
 
 The training step is measured, not scaled: one full micro-step of the student at the config's
-exact shape (batch_size_per_gpu x n_frames x height x width), dtype, memory layout
+exact shape (batch_size_per_gpu x n_frames x height x width; with aspect buckets, the largest
+bucket's), dtype, memory layout
 (channels_last) and gradient checkpointing, with every loss term (LPIPS, Seraena's
 discriminator step and correction) and the backward, runs on fake tensors (torch's
 FakeTensorMode: shapes, dtypes and strides without data or compute; seconds on a CPU) while
@@ -46,6 +47,7 @@ from models.reference_families import FAMILY
 from training.config.schema import measured_keys
 from training.config.terms import needs_module
 from training.config.views import measured_geometry, student_of
+from training.data.buckets import at_largest_bucket
 from training.step.seraena import replay_capacity, replay_pair_bytes
 
 GB = 1e9
@@ -239,6 +241,7 @@ MEASURING_CODE = ("training/plan/memory.py", "training/step/losses.py", "trainin
 def estimate_memory(config) -> MemoryEstimate:
     from models.taehv import TAEHV
 
+    config = at_largest_bucket(config)  # aspect buckets: the step, the batches in flight, the replay buffer at the largest
     model = TAEHV(student_of(config))
     params = sum(p.numel() for p in model.parameters())
     processes, zero = max(1, config.num_processes), config.zero_stage
@@ -331,6 +334,6 @@ def budget_problem(config, estimate: MemoryEstimate) -> str:
     if 1 <= batch < config.batch_size_per_gpu:
         fixes.append(f"batch_size_per_gpu={batch} (about {rest + batch * per_clip:.0f} GB; raise gradient_accumulation_steps "
                      "to keep the global batch)")
-    fixes.append("fewer n_frames or smaller height/width")
+    fixes.append("fewer n_frames or smaller " + ("buckets (memory is planned for the largest)" if config.buckets else "height/width"))
     return (f"estimated GPU memory per rank {estimate.gpu_gb:.1f} GB exceeds gpu_memory_gb={budget:g} "
             f"(training step {estimate.gpu['training step']:.1f} GB): set " + ", or ".join(fixes))
