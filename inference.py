@@ -1,22 +1,30 @@
-"""Evaluate a TAEHV model on real videos, optionally against the reference VAE it was distilled from.
+"""Evaluate a TAEHV model on real videos, optionally against the reference VAE it was distilled
+from, beside an 8x8 block average of the same frames; or compare several models on the same clips.
 
     python inference.py --model output/latest --videos /data/eval_clips --num-samples 20 \
         --frames 17 --height 480 --width 720 --out eval/
     python inference.py --model checkpoints/taecvx.pth --videos clips/ --native --frames 17 \
         --ref-vae cogvideox --ref-vae-path /models/CogVideoX-2b --out eval_vs_ref/
+    python inference.py --compare output/latest taehv.pth reference --ref-vae-path /models/Wan2.1 \
+        --videos clips/ --frames 17 --height 480 --width 832 --device cuda --out compare/
 
 --model: a run folder (final/, else best_model/), an export folder (final/, best_model/), a
 checkpoint folder (checkpoints/checkpoint-N: its EMA weights), or a public-format .pth /
 .safetensors file (--variant when neither the file nor a model_info.json beside it can tell).
+--compare MODEL...: instead of --model, several such models (and `reference`: the reference VAE's
+    own round trip, with --ref-vae-path) on the same clips: one table (compare.md, compare.json)
+    and one chart (compare.png) of quality against decode frames/s on --device.
 --videos: files, folders, or an index (JSONL/CSV/annotation JSON) in the data pipeline's formats.
 --held-out-of RUN: instead of --videos, the clips training run RUN held out from its data (the
     demo evaluates itself with `--held-out-of output/latest`).
 --native: each clip at its own size, rounded down to a multiple of 8 x the variant's patch size.
 
 Writes to --out: report.json (layout in docs/evaluation.md), report.md, per clip a side-by-side
-mp4 (input | reconstruction | error x4) and per-frame PSNR plot, and contact_sheet.png.
-Unreadable clips are skipped with their reason; the exit code is non-zero only if nothing could
-be evaluated (2 for a bad argument, 1 for no clip evaluated).
+mp4 (input | reconstruction | error x4) and per-frame PSNR plot, and contact_sheet.png. Every
+report has luma and chroma PSNR, the colourfulness ratio, flicker and the warping error, for the
+model and for the 8x8 block-average baseline. Unreadable clips are skipped with their reason; the
+exit code is non-zero only if nothing could be evaluated (2 for a bad argument, 1 for no clip
+evaluated).
 """
 
 from __future__ import annotations
@@ -33,7 +41,19 @@ from pathlib import Path
 
 import torch
 
-from models.metrics import LPIPSUnavailable, load_lpips, psnr, ssim, temporal_error
+from models.evaluation import (
+    BASELINE,
+    BASELINE_BLOCK,
+    BASELINE_NAME,
+    SourceWarps,
+    Speed,
+    block_average_round_trip,
+    clip_metrics,
+    frame_position_means,
+    mean_of,
+    notes,
+)
+from models.metrics import LPIPSUnavailable, load_lpips, opencv_missing
 from models.reference_families import FAMILIES
 from models.taehv import TAEHV
 from training.base.storage import is_remote
@@ -41,7 +61,7 @@ from training.data.decode import ClipError, read_clip, resize_and_crop
 from training.data.index import probe_video, read_index
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-ERROR_GAIN = 4  # the error panel shows |reconstruction - input| x 4
+REFERENCE = "reference"  # the --compare name of the reference VAE's own round trip
 
 
 # ------------------------------------------------------------------------------------------------
@@ -141,213 +161,57 @@ def pick_device(name: str) -> torch.device:
 # ------------------------------------------------------------------------------------------------
 
 
-class Speed:
-    """Frames per second of encode and decode, and peak GPU memory, for one model."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.seconds = {"encode": 0.0, "decode": 0.0}
-        self.frames = {"encode": 0, "decode": 0}
-        self.peak_bytes = 0
-
-    def run(self, what: str, frames: int, function, *args):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-        start = time.perf_counter()
-        with torch.no_grad():
-            result = function(*args)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            self.peak_bytes = max(self.peak_bytes, torch.cuda.max_memory_allocated(self.device))
-        self.seconds[what] += time.perf_counter() - start
-        self.frames[what] += frames
-        return result
-
-    def summary(self) -> dict:
-        out = {f"{k}_frames_per_second": round(self.frames[k] / self.seconds[k], 3) if self.seconds[k] else None
-               for k in self.seconds}
-        out["peak_gpu_memory_gb"] = round(self.peak_bytes / 1e9, 3)  # GB of 1e9 bytes, as training/plan/memory.py if self.device.type == "cuda" else None
-        return out
+def student_round_trip(student: TAEHV, video: torch.Tensor, speed: Speed, dtype, streaming: bool) -> torch.Tensor:
+    """The student's encode and decode of N,T,3,H,W, each timed; decoded frames in fp32."""
+    n_frames, parallel, x = video.shape[1], not streaming, video.to(dtype)
+    latents = speed.run("encode", n_frames, lambda: student.encode_video(x, parallel=parallel))
+    return speed.run("decode", n_frames, lambda: student.decode_video(latents, parallel=parallel)).float()
 
 
-def frame_metrics(decoded: torch.Tensor, target: torch.Tensor, lpips) -> dict:
-    """MSE, PSNR, SSIM, LPIPS (None when unavailable), flicker (None for one frame), per-frame PSNR
-    and per-frame-pair flicker of one clip (N = 1)."""
-    decoded, target = decoded.float(), target.float()
-    pairs = temporal_error(decoded, target)[0].tolist() if decoded.shape[1] >= 2 else []
-    return {
-        "mse": (decoded - target).pow(2).mean().item(),
-        "psnr": psnr(decoded, target).item(),
-        "ssim": ssim(decoded, target).item(),
-        "lpips": lpips(decoded, target).item() if lpips is not None else None,
-        "flicker": sum(pairs) / len(pairs) if pairs else None,
-        "per_frame_psnr": [round(psnr(decoded[:, t], target[:, t]).item(), 4) for t in range(decoded.shape[1])],
-        "per_pair_flicker": [round(v, 6) for v in pairs],
-    }
-
-
-def evaluate_clip(video: torch.Tensor, student: TAEHV, reference, speeds: dict, lpips, dtype, streaming: bool) -> tuple[dict, torch.Tensor]:
-    """Metrics for every mode, and the student's round trip (for the pictures)."""
-    n_frames = video.shape[1]
-    parallel = not streaming
-    x = video.to(dtype)
-    latents = speeds["student"].run("encode", n_frames, lambda: student.encode_video(x, parallel=parallel))
-    decoded = speeds["student"].run("decode", n_frames, lambda: student.decode_video(latents, parallel=parallel)).float()
-    metrics = {"frames": decoded.shape[1], **frame_metrics(decoded, video[:, : decoded.shape[1]], lpips)}
+def evaluate_clip(video: torch.Tensor, student: TAEHV, reference, speeds: dict, lpips, dtype,
+                  streaming: bool) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """Metrics for every mode and for the 8x8 block average of the same frames; the student's round
+    trip and the baseline's (for the pictures)."""
+    warps = SourceWarps(video)  # the source's flow, once per clip for every mode
+    decoded = student_round_trip(student, video, speeds["student"], dtype, streaming)
+    target = video[:, : decoded.shape[1]]
+    metrics = {"frames": decoded.shape[1], **clip_metrics(decoded, target, lpips, warps)}
+    baseline = block_average_round_trip(target, speeds[BASELINE])
+    metrics[BASELINE] = clip_metrics(baseline, target, lpips, warps)
     if reference is not None:
-        ref_latents = speeds["reference"].run("encode", n_frames, reference.encode, video)
-        ref_decoded = speeds["reference"].run("decode", n_frames, reference.decode, ref_latents)
-        student_decoded = student.decode_video(ref_latents.to(dtype), parallel=parallel).float()
-        metrics["decode_reference_latents"] = frame_metrics(student_decoded, video[:, : student_decoded.shape[1]], lpips)
-        metrics["reference_round_trip"] = frame_metrics(ref_decoded, video[:, : ref_decoded.shape[1]], lpips)
-    return metrics, decoded
+        ref_latents = speeds["reference"].run("encode", video.shape[1], reference.encode, video)
+        ref_decoded = speeds["reference"].run("decode", video.shape[1], reference.decode, ref_latents)
+        with torch.no_grad():
+            student_decoded = student.decode_video(ref_latents.to(dtype), parallel=not streaming).float()
+        metrics["decode_reference_latents"] = clip_metrics(student_decoded, video[:, : student_decoded.shape[1]], lpips, warps)
+        metrics["reference_round_trip"] = clip_metrics(ref_decoded, video[:, : ref_decoded.shape[1]], lpips, warps)
+    return metrics, decoded, baseline
 
 
-# ------------------------------------------------------------------------------------------------
-# Outputs
-# ------------------------------------------------------------------------------------------------
+def read_video(path: Path, args, multiple: int, device: torch.device) -> tuple[int, int, torch.Tensor]:
+    """One clip as 1,T,3,H,W in [0, 1] on `device`, at --height/--width or its native size rounded
+    down to `multiple`; ClipError when it cannot be read."""
+    height, width = native_size(path, multiple) if args.native else (args.height, args.width)
+    frames, _, _ = read_clip(path, -1, args.frames, args.stride, args.stride, random.Random(0), loop_short=False,
+                             cover=(height, width))
+    video = resize_and_crop(torch.from_numpy(frames).permute(0, 3, 1, 2), height, width, rng=None)[0]
+    return height, width, video[None].to(device).float() / 255
 
 
-def side_by_side(video: torch.Tensor, decoded: torch.Tensor) -> torch.Tensor:
-    """T,H,3W uint8: input | reconstruction | error x ERROR_GAIN."""
-    target = video[0, : decoded.shape[1]].float().cpu()
-    out = decoded[0].float().cpu()
-    error = ((out - target).abs() * ERROR_GAIN).clamp(0, 1)
-    panel = torch.cat([target, out, error], dim=-1)  # T,3,H,3W
-    return (panel * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous()
+def lpips_or_reason(args, device: torch.device):
+    """(LPIPS, None), or (None, why it is unavailable)."""
+    try:
+        return load_lpips(args.lpips_backbone, args.lpips_heads, device), None
+    except LPIPSUnavailable as error:
+        return None, str(error)
 
 
-def write_mp4(path: Path, frames: torch.Tensor, fps: int = 8) -> None:
-    """H.264 via PyAV, written under a temporary name and renamed when complete."""
-    import av
+def progress_over(paths: list[Path]):
+    if not sys.stderr.isatty():
+        return paths
+    from tqdm import tqdm
 
-    temporary = path.with_name(f".tmp-{path.name}")
-    with av.open(str(temporary), "w", format="mp4") as container:
-        stream = container.add_stream("libx264", rate=fps)
-        stream.height, stream.width = frames.shape[1], frames.shape[2]
-        stream.pix_fmt = "yuv420p"
-        stream.options = {"crf": "18"}
-        for frame in frames.numpy():
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    temporary.replace(path)
-
-
-def write_contact_sheet(path: Path, panels: list[tuple[str, torch.Tensor]], height: int = 128) -> None:
-    """One row per clip: the middle frame of its side-by-side panel, labelled."""
-    from PIL import Image, ImageDraw
-
-    rows = []
-    for label, frames in panels:
-        image = Image.fromarray(frames[frames.shape[0] // 2].numpy())
-        image = image.resize((max(1, round(image.width * height / image.height)), height))
-        canvas = Image.new("RGB", (image.width, height + 14), "white")
-        canvas.paste(image, (0, 14))
-        ImageDraw.Draw(canvas).text((2, 1), label, fill="black")
-        rows.append(canvas)
-    sheet = Image.new("RGB", (max(r.width for r in rows), sum(r.height for r in rows)), "white")
-    y = 0
-    for row in rows:
-        sheet.paste(row, (0, y))
-        y += row.height
-    sheet.save(path)
-
-
-def write_psnr_plot(path: Path, clips: list[dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(8, 4))
-    for clip in clips:
-        axes.plot(clip["per_frame_psnr"], marker="o", markersize=3, label=Path(clip["path"]).name)
-        if "decode_reference_latents" in clip:
-            axes.plot(clip["decode_reference_latents"]["per_frame_psnr"], linestyle="--",
-                      label=f"{Path(clip['path']).name} (reference latents)")
-    axes.set_xlabel("frame")
-    axes.set_ylabel("PSNR (dB)")
-    axes.grid(alpha=0.3)
-    if len(clips) <= 12:
-        axes.legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-
-
-def number(value, digits: int = 2) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"
-
-
-def write_markdown(path: Path, report: dict) -> None:
-    model, mean = report["model"], report["mean"]
-    inputs = report["inputs"]
-    size = "native size" if inputs["native"] else f"{inputs['height']}x{inputs['width']}"
-    lines = [f"# Evaluation of {model['path']}", "",
-             f"Variant `{model['variant']}`, code {model['code_version']}, device {inputs['device']} ({inputs['dtype']}), "
-             f"{inputs['frames']} frames at {size}{', streaming' if inputs['streaming'] else ''}.", "",
-             "| mode | PSNR (dB) | SSIM | LPIPS | flicker |", "|---|---|---|---|---|",
-             f"| student round trip | {number(mean['psnr'])} | {number(mean['ssim'], 4)} | {number(mean['lpips'], 4)} | "
-             f"{number(mean['flicker'], 4)} |"]
-    for key, name in (("decode_reference_latents", "student decode of reference latents"),
-                      ("reference_round_trip", "reference VAE round trip")):
-        if key in mean:
-            lines.append(f"| {name} | {number(mean[key]['psnr'])} | {number(mean[key]['ssim'], 4)} | {number(mean[key]['lpips'], 4)} | "
-                         f"{number(mean[key]['flicker'], 4)} |")
-    if mean["per_position_psnr"]:
-        positions = mean["per_position_psnr"]
-        lines += ["", f"Student round trip, PSNR over all decoded frames: {number(mean['frame_mean_psnr'])} dB; by frame position:",
-                  "", "| " + " | ".join(str(t) for t in range(len(positions))) + " |", "|---" * len(positions) + "|",
-                  "| " + " | ".join(number(v, 1) for v in positions) + " |"]
-    if mean["per_pair_flicker"]:
-        pairs = mean["per_pair_flicker"]
-        lines += ["", "Student round trip, flicker (RMSE of frame-to-frame changes, decoded vs input; 0 = changes "
-                  "exactly as the input, lower is better) by frame pair:",
-                  "", "| " + " | ".join(f"{t}-{t + 1}" for t in range(len(pairs))) + " |", "|---" * len(pairs) + "|",
-                  "| " + " | ".join(number(v, 4) for v in pairs) + " |"]
-    if mean["lpips"] is None:
-        lines += ["", f"LPIPS: unavailable ({report['lpips_unavailable']})."]
-    lines += ["", "| clip | status | frames | PSNR (dB) | SSIM | LPIPS | flicker |", "|---|---|---|---|---|---|---|"]
-    for clip in report["clips"]:
-        if clip["status"] == "ok":
-            lines.append(f"| {clip['path']} | ok | {clip['frames']} | {number(clip['psnr'])} | {number(clip['ssim'], 4)} | "
-                         f"{number(clip['lpips'], 4)} | {number(clip['flicker'], 4)} |")
-        else:
-            lines.append(f"| {clip['path']} | skipped: {clip['reason']} | | | | | |")
-    lines += ["", "| model | encode frames/s | decode frames/s | peak GPU memory (GB) |", "|---|---|---|---|"]
-    for name, speed in report["speed"].items():
-        if isinstance(speed, dict):
-            lines.append(f"| {name} | {number(speed['encode_frames_per_second'])} | "
-                         f"{number(speed['decode_frames_per_second'])} | {number(speed['peak_gpu_memory_gb'])} |")
-    lines += ["", "Pictures: `<clip>.mp4` (input | reconstruction | error x4), `contact_sheet.png`, `per_frame_psnr.png`.", ""]
-    path.write_text("\n".join(lines))
-
-
-def frame_position_means(clips: list[dict]) -> dict:
-    """PSNR averaged over every decoded frame of every clip, and by frame position (temporal slot)
-    over the positions all clips have: an untrained slot of the decoder shows as one low position.
-    Flicker likewise by frame pair (t, t+1), over the pairs all clips have."""
-    if not clips:
-        return {"frame_mean_psnr": None, "per_position_psnr": [], "per_pair_flicker": []}
-    every_frame = [value for clip in clips for value in clip["per_frame_psnr"]]
-    positions = min(len(clip["per_frame_psnr"]) for clip in clips)
-    by_position = [sum(clip["per_frame_psnr"][t] for clip in clips) / len(clips) for t in range(positions)]
-    pairs = min(len(clip["per_pair_flicker"]) for clip in clips)
-    by_pair = [sum(clip["per_pair_flicker"][t] for clip in clips) / len(clips) for t in range(pairs)]
-    return {"frame_mean_psnr": sum(every_frame) / len(every_frame), "per_position_psnr": [round(v, 4) for v in by_position],
-            "per_pair_flicker": [round(v, 6) for v in by_pair]}
-
-
-def mean_of(clips: list[dict], key: str | None = None) -> dict:
-    rows = [c[key] if key else c for c in clips]
-    out = {}
-    for metric in ("mse", "psnr", "ssim", "lpips", "flicker"):
-        values = [r[metric] for r in rows if r[metric] is not None]
-        out[metric] = sum(values) / len(values) if values and len(values) == len(rows) else None
-    return out
+    return tqdm(paths, unit="clip")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -357,8 +221,11 @@ def mean_of(clips: list[dict], key: str | None = None) -> dict:
 
 def parse_args(argv: list[str] | None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, required=True)
-    parser.add_argument("--variant", help="TAEHV variant, when the weights alone cannot tell")
+    parser.add_argument("--model", type=Path, help="the model to evaluate (see above)")
+    parser.add_argument("--compare", nargs="+", metavar="MODEL",
+                        help=f"instead of --model: several models (as --model takes them, or `{REFERENCE}` for the "
+                        "reference VAE's round trip) on the same clips; a table and a chart of quality against speed")
+    parser.add_argument("--variant", help="TAEHV variant, when the weights alone cannot tell (every --compare file)")
     parser.add_argument("--videos", nargs="+", default=[], help="clip files, folders or indexes")
     parser.add_argument("--held-out-of", type=Path, metavar="RUN", help="evaluate the clips that training run held out")
     parser.add_argument("--num-samples", type=int, help="evaluate at most this many clips")
@@ -386,10 +253,15 @@ def parse_args(argv: list[str] | None):
 
 def check_args(args) -> str | None:
     """A one-line problem with the arguments, found before any model or video is loaded."""
+    if (args.model is None) == (args.compare is None):
+        return "give --model MODEL or --compare MODEL [MODEL ...] (one of them)"
     if bool(args.videos) == bool(args.held_out_of):
         return "give --videos or --held-out-of RUN (one of them)"
     if args.ref_vae and not args.ref_vae_path:
         return "--ref-vae needs --ref-vae-path (a local diffusers folder or a hub id)"
+    if args.compare and (REFERENCE in args.compare) != bool(args.ref_vae_path):
+        return (f"--compare {REFERENCE} needs --ref-vae-path (the reference VAE whose round trip it is)" if args.ref_vae_path is None
+                else f"--ref-vae-path with --compare: name `{REFERENCE}` among the --compare models to evaluate its round trip")
     if args.ref_vae_path:
         from models import reference_families, vae_geometry
 
@@ -408,18 +280,29 @@ def check_args(args) -> str | None:
     return None
 
 
+def load_model(model: Path, variant: str | None) -> tuple[TAEHV, Path]:
+    """load_student, with its warnings (e.g. weights whose variant cannot be told) as one line each."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = load_student(model, variant)
+    for warning in caught:
+        print(f"warning: {warning.message}", file=sys.stderr)
+    return loaded
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     problem = check_args(args)
     device = pick_device(args.device)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    if args.compare:
+        from scripts.compare_models import compare
+
+        return compare(args, device)
     try:
-        if problem:
-            raise ValueError(problem)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            student, weights = load_student(args.model, args.variant)
-        for warning in caught:  # e.g. weights whose variant cannot be told: one line each, without source lines
-            print(f"warning: {warning.message}", file=sys.stderr)
+        student, weights = load_model(args.model, args.variant)
         paths = clip_paths(args.videos) if args.videos else held_out_clips(args.held_out_of)
         reference = None
         if args.ref_vae:
@@ -435,47 +318,41 @@ def main(argv: list[str] | None = None) -> int:
     if not args.native and (args.height % (8 * student.patch_size) or args.width % (8 * student.patch_size)):
         print(f"error: --height/--width must be multiples of {8 * student.patch_size} for {student.variant}", file=sys.stderr)
         return 2
-    try:
-        lpips, lpips_unavailable = load_lpips(args.lpips_backbone, args.lpips_heads, device), None
-    except LPIPSUnavailable as error:
-        lpips, lpips_unavailable = None, str(error)
+    from scripts.evaluation_report import print_summary, side_by_side, write_contact_sheet, write_json, write_markdown, write_mp4, write_psnr_plot
+
+    lpips, lpips_unavailable = lpips_or_reason(args, device)
     args.out.mkdir(parents=True, exist_ok=True)
-    speeds = {"student": Speed(device)}
+    speeds = {"student": Speed(device), BASELINE: Speed(device)}
     if reference is not None:
         speeds["reference"] = Speed(device)
 
     paths = paths[: args.num_samples]
-    clips, panels, start = [], [], time.perf_counter()
-    progress = paths
-    if sys.stderr.isatty():
-        from tqdm import tqdm
-
-        progress = tqdm(paths, unit="clip")
-    for clip_number, path in enumerate(progress):
+    clips, sheet, start = [], [], time.perf_counter()
+    for clip_number, path in enumerate(progress_over(paths)):
         entry = {"path": str(path)}
         try:
-            height, width = native_size(path, 8 * student.patch_size) if args.native else (args.height, args.width)
-            frames, _, _ = read_clip(path, -1, args.frames, args.stride, args.stride, random.Random(0), loop_short=False,
-                                  cover=(height, width))
+            height, width, video = read_video(path, args, 8 * student.patch_size, device)
         except ClipError as error:
             clips.append({**entry, "status": "skipped", "reason": error.reason})
             continue
-        video = resize_and_crop(torch.from_numpy(frames).permute(0, 3, 1, 2), height, width, rng=None)[0]
-        video = video[None].to(device).float() / 255
-        metrics, decoded = evaluate_clip(video, student, reference, speeds, lpips, DTYPES[args.dtype], args.streaming)
+        metrics, decoded, blurred = evaluate_clip(video, student, reference, speeds, lpips, DTYPES[args.dtype], args.streaming)
         clip = {**entry, "status": "ok", "height": height, "width": width, **metrics}
         if not args.no_media:
-            panel = side_by_side(video, decoded)
             clip["side_by_side"] = f"clip_{clip_number:04d}_{path.stem}.mp4"
-            write_mp4(args.out / clip["side_by_side"], panel)
-            panels.append((f"{path.name}  {metrics['psnr']:.2f} dB", panel))
+            write_mp4(args.out / clip["side_by_side"], side_by_side(video, decoded))
+            middle = slice(decoded.shape[1] // 2, decoded.shape[1] // 2 + 1)
+            label = (f"{path.name}  {metrics['psnr']:.2f} dB, chroma {metrics['chroma_psnr']:.2f} dB "
+                     f"(block average {metrics[BASELINE]['psnr']:.2f}, {metrics[BASELINE]['chroma_psnr']:.2f})")
+            sheet.append((label, side_by_side(video[:, middle], decoded[:, middle], blurred[:, middle])[0]))
         clips.append(clip)
     evaluated = [c for c in clips if c["status"] == "ok"]
-    mean = mean_of(evaluated) if evaluated else {"mse": None, "psnr": None, "ssim": None, "lpips": None, "flicker": None}
-    mean.update(frame_position_means(evaluated))
-    if reference is not None and evaluated:
-        mean["decode_reference_latents"] = mean_of(evaluated, "decode_reference_latents")
-        mean["reference_round_trip"] = mean_of(evaluated, "reference_round_trip")
+    mean = {**mean_of(evaluated), **frame_position_means(evaluated)}
+    modes = {"student round trip": mean}
+    baseline = {"name": BASELINE_NAME, "block": BASELINE_BLOCK, "mean": mean_of([c[BASELINE] for c in evaluated])}
+    if evaluated and reference is not None:
+        for key, name in (("decode_reference_latents", "student decode of reference latents"),
+                          ("reference_round_trip", "reference VAE round trip")):
+            mean[key] = modes[name] = mean_of([c[key] for c in evaluated])
     report = {
         "model": {"path": str(weights), "variant": student.variant, "args": student.args.to_json_dict(),
                   "code_version": code_version()},
@@ -485,31 +362,20 @@ def main(argv: list[str] | None = None) -> int:
                    "reference_vae_path": args.ref_vae_path},
         "clips": clips,
         "mean": mean,
+        "baseline": baseline,
+        "notes": notes(modes, baseline["mean"]) if evaluated else [],
         "lpips_unavailable": lpips_unavailable,
+        "warping_error_unavailable": opencv_missing(),
         "speed": {**{name: speed.summary() for name, speed in speeds.items()},
                   "peak_process_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)},
         "seconds": round(time.perf_counter() - start, 2),
     }
-    temporary = args.out / ".report.json.tmp"
-    temporary.write_text(json.dumps(report, indent=2) + "\n")
-    temporary.replace(args.out / "report.json")
+    write_json(args.out / "report.json", report)
     write_markdown(args.out / "report.md", report)
-    if panels:
-        write_contact_sheet(args.out / "contact_sheet.png", panels)
+    if sheet:
+        write_contact_sheet(args.out / "contact_sheet.png", sheet, f"input | reconstruction | {BASELINE_NAME} | error x4")
         write_psnr_plot(args.out / "per_frame_psnr.png", evaluated)
-    for clip in clips:
-        detail = f"{clip['psnr']:.2f} dB" if clip["status"] == "ok" else f"skipped: {clip['reason']}"
-        print(f"{detail:24s} {clip['path']}")
-    print(f"{len(evaluated)} of {len(clips)} clips evaluated; mean PSNR {number(mean['psnr'])} dB "
-          f"(over all decoded frames {number(mean['frame_mean_psnr'])} dB), SSIM {number(mean['ssim'], 4)}, "
-          f"LPIPS {number(mean['lpips'], 4)}, flicker {number(mean['flicker'], 4)}")
-    if mean["per_position_psnr"]:
-        print("PSNR by frame position: " + " ".join(f"{v:.1f}" for v in mean["per_position_psnr"]) + " dB")
-    if mean["per_pair_flicker"]:
-        print("flicker by frame pair: " + " ".join(f"{v:.4f}" for v in mean["per_pair_flicker"]))
-    print(f"report: {args.out / 'report.md'} (and report.json)")
-    if panels:
-        print(f"contact sheet: {args.out / 'contact_sheet.png'}; per-frame plot: {args.out / 'per_frame_psnr.png'}")
+    print_summary(report, args.out, bool(sheet))
     return 0 if evaluated else 1
 
 

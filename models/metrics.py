@@ -20,12 +20,31 @@ Every function takes N,T,C,H,W (or N,C,H,W) tensors in [0, 1] and returns one va
            heads:    the lpips package's `weights/v0.1/alex.pth` (keys `linK.model.1.weight`).
          Both are looked up in the torch hub cache (`<torch.hub.get_dir()>/checkpoints/`) unless
          paths are given; nothing is downloaded. `find_lpips_weights` says what is missing.
+- luma_psnr, chroma_psnr: PSNR of BT.601 full-range (JPEG) YCbCr, of Y alone and of Cb and Cr
+         together (each in [0, 1], peak 1): a grey reconstruction keeps a decent luma PSNR and
+         loses chroma PSNR.
+- colourfulness: Hasler and Suesstrunk 2003, per frame sqrt(std(rg)^2 + std(yb)^2) + 0.3
+         sqrt(mean(rg)^2 + mean(yb)^2) with rg = R - G, yb = (R + G) / 2 - B, on the paper's 0..255
+         scale (about 0 grey, 33 moderately, 59 quite, 109 extremely colourful), averaged over
+         frames; colourfulness_ratio is the reconstruction's over the source's (1 keeps the colour,
+         0 is grey; undefined, NaN, for a source below MIN_SOURCE_COLOURFULNESS).
+- warping_error: temporal consistency along the source's motion. Farneback optical flow between
+         consecutive SOURCE frames (OpenCV, imported only here) warps the reconstruction's frame
+         t-1 onto frame t; the RMSE over channels and the pixels where the source's own warp agrees
+         (occlusion mask: in the frame and mean |warped source t-1 - source t| < threshold) per
+         frame pair, averaged over pairs. Same units as flicker; lower is better. A perfect
+         reconstruction scores the source's own value (warping_error(target, target): flow error,
+         noise); below it means smoothed away detail (a blur), not better.
+- block_average: the "8x8 block average" baseline, each frame average-pooled by 8 and bilinearly
+         upsampled back (3 numbers per 64 pixels per frame, fewer than the 4 a TAE latent keeps).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -47,6 +66,137 @@ def frames(video: torch.Tensor) -> torch.Tensor:
 def psnr(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     mse = (prediction.float() - target.float()).pow(2).flatten(1).mean(1).clamp_min(1e-10)
     return -10 * torch.log10(mse)
+
+
+# BT.601 luma and chroma weights (JPEG full range: Cb and Cr centred on 0.5)
+YCBCR_601 = ((0.299, 0.587, 0.114), (-0.168736, -0.331264, 0.5), (0.5, -0.418688, -0.081312))
+MIN_SOURCE_COLOURFULNESS = 1.0  # on the 0..255 scale: a source below this is grey, its ratio undefined
+WARP_THRESHOLD = 0.05  # occlusion mask: the warped source may differ from the source by less than this
+
+
+def _psnr_of_mse(mse: torch.Tensor) -> torch.Tensor:
+    return -10 * torch.log10(mse.clamp_min(1e-10))
+
+
+def _rotate(video: torch.Tensor, rows: slice) -> torch.Tensor:
+    """The rows of the YCbCr matrix applied along the channel axis (-3), without offsets."""
+    matrix = torch.tensor(YCBCR_601, dtype=torch.float32, device=video.device)[rows]
+    x = video.float()
+    return torch.stack([sum(w * x[..., j, :, :] for j, w in enumerate(row)) for row in matrix], dim=-3)
+
+
+def ycbcr(video: torch.Tensor) -> torch.Tensor:
+    """RGB -> BT.601 full-range YCbCr along the channel axis (-3), all in [0, 1] for RGB in [0, 1]."""
+    return _rotate(video, slice(0, 3)) + torch.tensor((0.0, 0.5, 0.5), device=video.device).view(3, 1, 1)
+
+
+def luma_psnr(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Per clip: PSNR of the BT.601 luma Y (linear: the error's luma is the luma error)."""
+    error = _rotate(prediction.float() - target.float(), slice(0, 1))
+    return _psnr_of_mse(error.pow(2).flatten(1).mean(1))
+
+
+def chroma_psnr(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Per clip: PSNR over the BT.601 chroma Cb and Cr together."""
+    error = _rotate(prediction.float() - target.float(), slice(1, 3))
+    return _psnr_of_mse(error.pow(2).flatten(1).mean(1))
+
+
+def colourfulness(video: torch.Tensor) -> torch.Tensor:
+    """Per clip (N,T,3,H,W; N,3,H,W is N one-frame clips): Hasler-Suesstrunk colourfulness on the
+    0..255 scale, averaged over frames."""
+    x = video.float().reshape(video.shape[0], -1, *video.shape[-3:]) * 255
+    rg = (x[:, :, 0] - x[:, :, 1]).flatten(2)
+    yb = (0.5 * (x[:, :, 0] + x[:, :, 1]) - x[:, :, 2]).flatten(2)
+    spread = (rg.var(2, unbiased=False) + yb.var(2, unbiased=False)).sqrt()
+    centre = (rg.mean(2).pow(2) + yb.mean(2).pow(2)).sqrt()
+    return (spread + 0.3 * centre).mean(1)
+
+
+def colourfulness_ratio(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Per clip: colourfulness(prediction) / colourfulness(target); NaN where the target is grey
+    (below MIN_SOURCE_COLOURFULNESS). Below about 0.5 the reconstruction looks washed out."""
+    source = colourfulness(target)
+    ratio = colourfulness(prediction) / source.clamp_min(MIN_SOURCE_COLOURFULNESS)
+    return torch.where(source >= MIN_SOURCE_COLOURFULNESS, ratio, torch.full_like(ratio, float("nan")))
+
+
+def block_pool(video: torch.Tensor, block: int = 8) -> torch.Tensor:
+    """Each frame's mean over block x block tiles (a partial tile at an edge that is not a multiple
+    of `block` is averaged over its own pixels): ...,C,ceil(H/block),ceil(W/block)."""
+    x = video.float().reshape(-1, *video.shape[-3:])
+    size = (math.ceil(video.shape[-2] / block), math.ceil(video.shape[-1] / block))
+    return F.adaptive_avg_pool2d(x, size).reshape(*video.shape[:-2], *size)
+
+
+def block_upsample(pooled: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    x = pooled.reshape(-1, *pooled.shape[-3:])
+    return F.interpolate(x, size=tuple(size), mode="bilinear", align_corners=False).reshape(*pooled.shape[:-2], *size)
+
+
+def block_average(video: torch.Tensor, block: int = 8) -> torch.Tensor:
+    """The block-average baseline: average-pool each frame by `block`, bilinear back to its size."""
+    return block_upsample(block_pool(video, block), video.shape[-2:])
+
+
+def opencv_missing() -> str | None:
+    """None when OpenCV (for warping_error) imports, else the one-line reason and fix."""
+    try:
+        import cv2  # noqa: F401
+    except ImportError as error:
+        return f"OpenCV is not installed ({error}): pip install opencv-python-headless"
+    return None
+
+
+def source_warps(target: torch.Tensor, threshold: float = WARP_THRESHOLD) -> list[list[tuple]]:
+    """Per clip of N,T,3,H,W in [0, 1], per frame pair (t-1, t): (map_x, map_y, mask), the
+    coordinates in frame t-1 that Farneback flow of the source (luma, frame t to t-1) gives each
+    pixel of frame t, and where the source's own warp agrees (in the frame, mean over channels of
+    |warped source t-1 - source t| < threshold). Computed once per clip and shared by every
+    reconstruction of it."""
+    import cv2
+
+    source = target.detach().float().cpu().permute(0, 1, 3, 4, 2).numpy()  # N,T,H,W,C
+    height, width = source.shape[2:4]
+    luma = np.clip(np.round((source @ np.asarray(YCBCR_601[0], np.float32)) * 255), 0, 255).astype(np.uint8)
+    levels = max(1, min(5, int(math.log2(max(1, min(height, width) // 8))) + 1))  # top level about 8 pixels or more
+    grid_y, grid_x = np.mgrid[0:height, 0:width].astype(np.float32)
+    warps = []
+    for clip, clip_luma in zip(source, luma):
+        pairs = []
+        for t in range(1, len(clip)):
+            flow = cv2.calcOpticalFlowFarneback(clip_luma[t], clip_luma[t - 1], None, 0.5, levels, 15, 3, 5, 1.2, 0)
+            map_x, map_y = grid_x + flow[..., 0], grid_y + flow[..., 1]
+            inside = (map_x >= 0) & (map_x <= width - 1) & (map_y >= 0) & (map_y <= height - 1)
+            warped = cv2.remap(clip[t - 1], map_x, map_y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+            agrees = np.abs(warped.reshape(height, width, -1) - clip[t]).mean(-1) < threshold
+            pairs.append((map_x, map_y, inside & agrees))
+        warps.append(pairs)
+    return warps
+
+
+def warping_error(prediction: torch.Tensor, target: torch.Tensor, threshold: float = WARP_THRESHOLD,
+                  warps: list[list[tuple]] | None = None) -> torch.Tensor:
+    """Per clip: the RMSE between the prediction's frame t and its frame t-1 warped by the source's
+    flow, over the pixels of the occlusion mask, averaged over frame pairs (pairs with an empty
+    mask are left out; NaN when every pair is). `warps`: source_warps(target, threshold), when
+    already computed. Needs N,T,C,H,W with T >= 2 and OpenCV."""
+    if prediction.dim() != 5 or prediction.shape[1] < 2:
+        raise ValueError(f"warping_error needs N,T,C,H,W with T >= 2 frames, got shape {tuple(prediction.shape)}")
+    import cv2
+
+    warps = source_warps(target[:, : prediction.shape[1]], threshold) if warps is None else warps
+    video = prediction.detach().float().cpu().permute(0, 1, 3, 4, 2).numpy()
+    out = []
+    for clip, pairs in zip(video, warps):
+        errors = []
+        for t, (map_x, map_y, mask) in enumerate(pairs, start=1):
+            if mask.any():
+                warped = cv2.remap(clip[t - 1], map_x, map_y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+                squared = ((warped.reshape(clip[t].shape) - clip[t]) ** 2).mean(-1)
+                errors.append(float(np.sqrt(squared[mask].mean())))
+        out.append(sum(errors) / len(errors) if errors else float("nan"))
+    return torch.tensor(out, dtype=torch.float32)
 
 
 def temporal_error(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

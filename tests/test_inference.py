@@ -1,6 +1,7 @@
 """inference.py end to end: a model trained a few steps and a spec-shaped random public file, real
 clips (synthetic, plus ../shared's odd ones when present), every --model kind, the reference-VAE
-modes, and the report files."""
+modes, the colour and motion metrics beside the 8x8 block-average baseline, --compare, and the
+report files."""
 
 import json
 import os
@@ -12,7 +13,18 @@ import pytest
 import torch
 from conftest import REPO_ROOT, SAMPLE_VIDEOS, free_port
 
-from models.metrics import psnr, save_random_lpips_weights, ssim, temporal_error
+from models.evaluation import clip_metrics
+from models.metrics import (
+    block_average,
+    chroma_psnr,
+    colourfulness,
+    luma_psnr,
+    psnr,
+    save_random_lpips_weights,
+    ssim,
+    temporal_error,
+    warping_error,
+)
 from models.reference_vae import tiny_reference_vae_config, vae_class
 from models.taehv import TAEHV
 from training.data.synthetic_clips import make_sample_videos
@@ -88,6 +100,33 @@ def test_report_fields_metrics_pictures_and_skips(setup, tmp_path):
     assert f"| student round trip | {report['mean']['psnr']:.2f} |" in markdown and "skipped: open_error" in markdown
     assert f"| {report['mean']['lpips']:.4f} | {report['mean']['flicker']:.4f} |" in markdown
     assert f"| {first['lpips']:.4f} | {first['flicker']:.4f} |" in markdown  # the clip's row
+    # colour and motion, from the same tensors
+    assert first["luma_psnr"] == pytest.approx(luma_psnr(decoded, target).item(), abs=1e-3)
+    assert first["chroma_psnr"] == pytest.approx(chroma_psnr(decoded, target).item(), abs=1e-3)
+    assert first["colourfulness_ratio"] == pytest.approx((colourfulness(decoded) / colourfulness(target)).item(), rel=1e-4)
+    assert first["warping_error"] == pytest.approx(warping_error(decoded, target).item(), abs=1e-4)
+    assert first["source_warping_error"] == pytest.approx(warping_error(target, target).item(), abs=1e-4)
+    # the 8x8 block average of the same frames, scored the same way
+    baseline = first["block_average_8x8"]
+    assert baseline["psnr"] == pytest.approx(psnr(block_average(target), target).item(), abs=1e-3)
+    assert baseline["chroma_psnr"] == pytest.approx(chroma_psnr(block_average(target), target).item(), abs=1e-3)
+    assert baseline["warping_error"] == pytest.approx(warping_error(block_average(target), target).item(), abs=1e-4)
+    assert 0 < baseline["colourfulness_ratio"] < 1 and baseline["lpips"] > 0
+    mean = report["mean"]
+    for metric in ("luma_psnr", "chroma_psnr", "warping_error"):
+        assert mean[metric] == pytest.approx(sum(c[metric] for c in ok) / 3)
+        assert report["baseline"]["mean"][metric] == pytest.approx(sum(c["block_average_8x8"][metric] for c in ok) / 3)
+    assert mean["colourfulness_ratio"] == pytest.approx(mean["colourfulness"] / mean["source_colourfulness"])
+    assert report["speed"]["block_average_8x8"]["decode_frames_per_second"] > 0 and report["warping_error_unavailable"] is None
+    assert report["baseline"]["name"] == "8x8 block average" and report["baseline"]["block"] == 8
+    loses = [key for key in ("psnr", "chroma_psnr", "colourfulness_ratio") if mean[key] < report["baseline"]["mean"][key]]
+    assert any("loses to the 8x8 block average" in note for note in report["notes"]) == bool(loses)
+    assert (f"| student round trip | {mean['psnr']:.2f} | {mean['ssim']:.4f} | {mean['lpips']:.4f} | {mean['flicker']:.4f} | "
+            f"{mean['warping_error']:.4f} | {mean['luma_psnr']:.2f} | {mean['chroma_psnr']:.2f} | {mean['colourfulness_ratio']:.2f} |") in markdown
+    assert f"| 8x8 block average (baseline) | {report['baseline']['mean']['psnr']:.2f} |" in markdown
+    assert f"| {first['path']} | {baseline['psnr']:.2f} |" in markdown  # the baseline's row of the clip
+    assert f"8x8 block average (baseline), same frames: PSNR {report['baseline']['mean']['psnr']:.2f} dB" in result.stdout
+    assert f"chroma PSNR {mean['chroma_psnr']:.2f} dB, colourfulness ratio {mean['colourfulness_ratio']:.2f}" in result.stdout
 
 
 def test_side_by_side_video_shows_input_reconstruction_and_error(setup, tmp_path):
@@ -223,3 +262,69 @@ def test_held_out_clips_of_a_run_by_frame_position(setup, tmp_path):
     assert missing.returncode == 2 and "no resolved_config.json" in missing.stderr
     neither = run_inference("--model", str(run), "--out", str(tmp_path / "y"))
     assert neither.returncode == 2 and "give --videos or --held-out-of RUN" in neither.stderr
+
+
+def test_a_grey_reconstruction_is_named_grey(setup, tmp_path):
+    """Weights whose three output channels are one: luma can be right, colour never is."""
+    root, videos, run = setup
+    model = TAEHV.from_pretrained(run / "final" / "taehv.pth")
+    last = model.decoder[-1]
+    with torch.no_grad():
+        last.weight[1:] = last.weight[:1]
+        last.bias[1:] = last.bias[:1]
+    torch.save(model.state_dict(), tmp_path / "taehv.pth")
+    result = run_inference("--model", str(tmp_path / "taehv.pth"), "--videos", str(videos / "sample_0000.mp4"), "--frames", "9",
+                           "--height", "32", "--width", "48", "--no-media", "--out", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["mean"]["colourfulness_ratio"] < 0.01 and report["baseline"]["mean"]["colourfulness_ratio"] > 0.3
+    grey = [note for note in report["notes"] if "GREY" in note]
+    assert grey == [f"student round trip is GREY: it keeps {report['mean']['colourfulness_ratio']:.2f} of the source's "
+                    "colourfulness (below 0.5)"]
+    assert f"- **{grey[0]}**" in (tmp_path / "out" / "report.md").read_text() and f"note: {grey[0]}" in result.stdout
+
+
+def test_compare_scores_several_models_on_the_same_clips_in_one_table_and_chart(setup, tmp_path, capsys):
+    """A trained run, a random public taecvx file, the reference VAE's own round trip and the 8x8
+    block average on the same two clips: compare.json, compare.md and compare.png; each model's
+    numbers are those of its own decode of those clips."""
+    root, videos, run = setup
+    torch.manual_seed(0)
+    vae_class("cogvideox")(**tiny_reference_vae_config("cogvideox")).save_pretrained(str(tmp_path / "cogvideox" / "vae"))
+    torch.save(TAEHV("taecvx").state_dict(), tmp_path / "taecvx.pth")
+    clips = [str(videos / "sample_0000.mp4"), str(videos / "sample_0001.mp4"), str(videos / "broken.mp4")]
+    common = ["--videos", *clips, "--frames", "9", "--height", "32", "--width", "32", "--out", str(tmp_path / "out")]
+    result = run_inference("--compare", str(run), str(tmp_path / "taecvx.pth"), "reference", "--ref-vae-path",
+                           str(tmp_path / "cogvideox"), *common)
+    assert result.returncode == 0, result.stderr
+    table = json.loads((tmp_path / "out" / "compare.json").read_text())
+    assert [(m["name"], m["kind"]) for m in table["models"]] == [
+        (str(run), "taehv"), (str(tmp_path / "taecvx.pth"), "taehv"), ("reference", "reference"), ("8x8 block average", "baseline")]
+    assert table["clips"] == clips[:2] and table["skipped"] == [{"path": clips[2], "reason": "open_error"}]
+    for model in table["models"]:
+        assert [c["path"] for c in model["clips"]] == clips[:2]
+        assert model["speed"]["decode_frames_per_second"] > 0 and model["mean"]["psnr"] > 0
+        assert model["mean"]["chroma_psnr"] > 0 and model["mean"]["warping_error"] > 0
+    trained, public, reference, baseline = table["models"]
+    assert public["variant"] == "taecvx" and trained["variant"] == "taehv" and reference["family"] == "cogvideox"
+    decoded, target = decoded_by_hand(run / "final" / "taehv.pth", videos / "sample_0001.mp4", width=32)
+    assert trained["clips"][1]["psnr"] == pytest.approx(psnr(decoded, target).item(), abs=1e-3)
+    assert trained["clips"][1]["warping_error"] == pytest.approx(warping_error(decoded, target).item(), abs=1e-4)
+    expected = clip_metrics(block_average(target), target)  # the baseline keeps every frame: 9 here too
+    assert baseline["clips"][1]["chroma_psnr"] == pytest.approx(expected["chroma_psnr"], abs=1e-3)
+    markdown = (tmp_path / "out" / "compare.md").read_text()
+    for model in table["models"]:
+        assert f"| {model['name']} |" in markdown and f"| {model['mean']['chroma_psnr']:.2f} |" in markdown
+    assert "decode frames/s" in markdown and markdown in result.stdout
+    assert (tmp_path / "out" / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "out" / "compare.png").stat().st_size > 10000
+    # a reference round trip needs the reference, and one model option at a time: one line, before any loading
+    import inference
+
+    no_videos = common[1 + len(clips):]
+    for args, message in ((["--compare", str(run), "reference", *common], "error: --compare reference needs --ref-vae-path"),
+                          (["--model", str(run), "--compare", str(run), *common], "error: give --model MODEL or --compare MODEL"),
+                          (["--compare", str(run), *no_videos], "error: give --videos or --held-out-of RUN")):
+        capsys.readouterr()
+        assert inference.main(args) == 2
+        assert capsys.readouterr().err.startswith(message)

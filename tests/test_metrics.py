@@ -1,21 +1,35 @@
-"""PSNR, SSIM, LPIPS and flicker (models/metrics.py) against independent computations and the
-published file layouts."""
+"""PSNR, SSIM, LPIPS, flicker, luma and chroma PSNR, colourfulness, warping error and the block
+average (models/metrics.py) against independent computations and the published file layouts."""
+
+import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
+from conftest import REPO_ROOT
 
 from models.metrics import (
     ALEX_CHANNELS,
     LPIPS,
     LPIPSUnavailable,
+    block_average,
+    block_pool,
+    chroma_psnr,
+    colourfulness,
+    colourfulness_ratio,
     find_lpips_weights,
     flicker,
     load_lpips,
+    luma_psnr,
     psnr,
     save_random_lpips_weights,
+    source_warps,
     ssim,
     temporal_error,
+    warping_error,
+    ycbcr,
 )
 
 
@@ -120,3 +134,94 @@ def test_missing_lpips_files_name_the_path_and_the_fix(tmp_path, monkeypatch):
     backbone, heads = save_random_lpips_weights(tmp_path / "hub" / "hub" / "checkpoints")
     assert find_lpips_weights() == (backbone, heads)  # the torch hub cache is searched by default
     assert isinstance(load_lpips(), LPIPS)
+
+
+# ------------------------------------------------------------------------------------------------
+# Colour, motion and the block-average baseline
+# ------------------------------------------------------------------------------------------------
+
+
+def shifting_video(frames: int = 6, shift: int = 2, size: int = 64) -> torch.Tensor:
+    """1,T,3,H,W: a smooth colour texture seen by a camera panning `shift` pixels per frame."""
+    generator = torch.Generator().manual_seed(0)
+    world = torch.nn.functional.interpolate(torch.rand(1, 3, 16, 24, generator=generator), size=(size + 16, size + 16 + shift * frames),
+                                            mode="bicubic", align_corners=False).clamp(0, 1)[0]
+    return torch.stack([world[:, 8 : 8 + size, 8 + shift * t : 8 + shift * t + size] for t in range(frames)])[None]
+
+
+def test_bt601_luma_and_chroma_psnr_separate_a_grey_reconstruction():
+    torch.manual_seed(0)
+    colour = shifting_video(frames=3)
+    y, cb, cr = ycbcr(colour)[0, 0]
+    r, g, b = colour[0, 0]
+    assert torch.allclose(y, 0.299 * r + 0.587 * g + 0.114 * b, atol=1e-6)
+    assert torch.allclose(cr, 0.5 + 0.5 * r - 0.418688 * g - 0.081312 * b, atol=1e-6)
+    assert torch.allclose(ycbcr(torch.full((1, 3, 4, 4), 0.7)), torch.tensor([0.7, 0.5, 0.5]).view(1, 3, 1, 1).expand(1, 3, 4, 4), atol=1e-6)
+    # a grey reconstruction with the right luma: luma exact, chroma lost, colourfulness gone
+    grey = ycbcr(colour)[:, :, :1].expand_as(colour)
+    assert luma_psnr(grey, colour).item() > 60 and chroma_psnr(grey, colour).item() < 25
+    assert colourfulness_ratio(grey, colour).item() == pytest.approx(0, abs=1e-3)
+    assert colourfulness_ratio(colour, colour).item() == pytest.approx(1)
+    # luma and chroma PSNR by hand: MSE of Y, and of Cb and Cr together
+    noisy = (colour + 0.03 * torch.randn_like(colour)).clamp(0, 1)
+    error = ycbcr(noisy) - ycbcr(colour)
+    assert luma_psnr(noisy, colour).item() == pytest.approx(-10 * math.log10(error[:, :, 0].pow(2).mean().item()), rel=1e-5)
+    assert chroma_psnr(noisy, colour).item() == pytest.approx(-10 * math.log10(error[:, :, 1:].pow(2).mean().item()), rel=1e-5)
+
+
+def test_colourfulness_follows_hasler_suesstrunk_and_a_grey_source_has_no_ratio():
+    image = torch.rand(1, 3, 10, 12, generator=torch.Generator().manual_seed(1))
+    r, g, b = (image[0] * 255).double()
+    rg, yb = r - g, (r + g) / 2 - b
+    expected = math.sqrt(rg.var(unbiased=False) + yb.var(unbiased=False)) + 0.3 * math.sqrt(rg.mean() ** 2 + yb.mean() ** 2)
+    assert colourfulness(image).item() == pytest.approx(expected, rel=1e-5)
+    assert colourfulness(image[None].expand(1, 4, 3, 10, 12)).item() == pytest.approx(expected, rel=1e-5)  # mean over frames
+    assert colourfulness(torch.full((1, 2, 3, 8, 8), 0.4)).item() == 0  # grey
+    washed = 0.5 + 0.4 * (image - 0.5)  # contrast towards grey: less colourful
+    assert colourfulness_ratio(washed, image).item() == pytest.approx(0.4, rel=1e-4)  # linear in the distance from grey
+    assert math.isnan(colourfulness_ratio(image, torch.full_like(image, 0.5)).item())
+
+
+def test_block_average_keeps_3_numbers_per_64_pixels_and_is_exact_on_flat_blocks():
+    flat = torch.full((1, 2, 3, 24, 40), 0.3)
+    assert torch.allclose(block_average(flat), flat, atol=1e-6)
+    assert block_pool(flat).shape == (1, 2, 3, 3, 5)  # 3 numbers (one per channel) per 8x8 block
+    blocks = torch.rand(1, 3, 3, 5).repeat_interleave(8, -2).repeat_interleave(8, -1)  # constant 8x8 tiles
+    assert torch.allclose(block_pool(blocks), blocks[..., ::8, ::8])
+    smooth = torch.linspace(0, 1, 64).expand(1, 1, 3, 64, 64)  # a ramp: bilinear upsampling of its block means restores it inside
+    assert (block_average(smooth) - smooth)[..., 8:-8].abs().max() < 1e-5
+    noise = torch.rand(1, 2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    assert psnr(block_average(noise), noise).item() < 15  # detail finer than a block is gone
+
+
+def test_warping_error_is_near_zero_for_a_perfect_or_steady_reconstruction_and_grows_with_flicker():
+    pytest.importorskip("cv2")
+    video = shifting_video()
+    warps = source_warps(video)
+    assert len(warps) == 1 and len(warps[0]) == 5  # one clip, five frame pairs
+    assert all(0.8 < mask.mean() < 1 for _, _, mask in warps[0])  # the columns entering the frame are occluded
+    perfect = warping_error(video, video, warps=warps)
+    assert perfect.item() < 0.005
+    assert torch.equal(warping_error(video, video), perfect)  # warps computed inside when not given
+    # an error that moves with the content (a blur) or stays put (an offset) is not temporal
+    kernel = torch.ones(3, 1, 5, 5) / 25
+    blurred = torch.nn.functional.conv2d(torch.nn.functional.pad(video[0], (2, 2, 2, 2), mode="replicate"), kernel, groups=3)[None]
+    assert warping_error(blurred, video, warps=warps).item() < 0.015 and flicker(blurred, video).item() > 0.04
+    assert warping_error((video + 0.05).clamp(0, 1), video, warps=warps).item() < 0.005
+    # noise new in every frame of RMSE r gives about sqrt(2) r; a frozen frame, the content's motion
+    flickering = video + 0.03 * torch.randn(video.shape, generator=torch.Generator().manual_seed(3))
+    assert warping_error(flickering, video, warps=warps).item() == pytest.approx(2**0.5 * 0.03, rel=0.1)
+    frozen = video[:, :1].expand_as(video)
+    assert warping_error(frozen, video, warps=warps).item() > 0.05
+    with pytest.raises(ValueError, match="T >= 2"):
+        warping_error(video[:, :1], video[:, :1])
+
+
+def test_metrics_import_without_opencv():
+    """OpenCV is imported inside the warping functions only: without it the module loads and
+    opencv_missing names the package to install."""
+    code = ("import sys; sys.modules['cv2'] = None; import models.metrics as m; import models.evaluation as e; "
+            "print(m.opencv_missing()); print(e.SourceWarps(__import__('torch').zeros(1, 3, 3, 8, 8)).for_frames(3))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "pip install opencv-python-headless" in result.stdout and result.stdout.strip().endswith("None")

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from models.metrics import MIN_SOURCE_COLOURFULNESS
 from models.taehv import TAEHV
 from training.config.views import decoded_frame_count, student_of
 from training.loop.exports import current_weights, export_info, export_model
@@ -18,7 +19,10 @@ if TYPE_CHECKING:
     from training.loop.state import TrainingRun
 
 
-LOWER_IS_BETTER = ("lpips", "flicker")  # best_metric values (and their decode_ forms) where smaller wins
+LOWER_IS_BETTER = ("lpips", "flicker", "warping_error")  # best_metric values (and their decode_ forms) where smaller wins
+# colour and motion (models/metrics.py); the validation line prints them after the PSNR by frame, in this order
+COLOUR_AND_MOTION = ("warping_error", "colourfulness_ratio", "luma_psnr", "chroma_psnr")
+_reported_missing_opencv = False  # the one-time log line when OpenCV is missing
 
 
 SAMPLE_CLIPS = 2  # held-out clips shown in TensorBoard at each validation
@@ -36,21 +40,41 @@ def evaluation_model(run: TrainingRun) -> TAEHV:
     return evaluated.to(run.accelerator.device).eval()
 
 
+def warping_available(run: TrainingRun) -> bool:
+    """Whether OpenCV (for the warping error) imports; when not, one log line says so, once."""
+    global _reported_missing_opencv
+    from models.metrics import opencv_missing
+
+    missing = opencv_missing()
+    if missing and not _reported_missing_opencv:
+        _reported_missing_opencv = True
+        run.log.line(f"validation: warping_error is not measured: {missing}")
+    return missing is None
+
+
 def validate(run: TrainingRun, evaluated: TAEHV) -> dict:
-    """PSNR, SSIM, LPIPS (when its weights are on this machine) and flicker (when two or more
-    frames are decoded) of the round trip over the held-out clips, and of the student's decode of
-    reference latents when distilling; clips are split across ranks and the sums reduced. Each rank
-    runs validation_batch_size clips at a time, in the step's precision (bf16 autocast under a bf16
-    run on a GPU; the metrics in fp32). Rank 0 sends its first clips to TensorBoard."""
-    from models.metrics import flicker, psnr, ssim
+    """PSNR, SSIM, LPIPS (when its weights are on this machine), flicker (when two or more frames
+    are decoded), luma and chroma PSNR, the colourfulness ratio (mean colourfulness of the
+    reconstructions over that of the inputs) and the warping error (two or more frames, OpenCV; on
+    the CPU, cheap at validation's clip counts) of the round trip over the held-out clips, and of
+    the student's decode of reference latents when distilling; clips are split across ranks and the
+    sums reduced. Each rank runs validation_batch_size clips at a time, in the step's precision
+    (bf16 autocast under a bf16 run on a GPU; the metrics in fp32). Rank 0 sends its first clips to
+    TensorBoard."""
+    from models.metrics import chroma_psnr, colourfulness, flicker, luma_psnr, psnr, source_warps, ssim, warping_error
 
     accelerator, dataset = run.accelerator, run.validation_dataset
     precision = torch.autocast(accelerator.device.type, torch.bfloat16,
                                enabled=run.config.mixed_precision == "bf16" and accelerator.device.type == "cuda")
     count = min(run.config.validation_samples, len(dataset))
     temporal = decoded_frame_count(run.config) >= 2  # flicker compares consecutive frames
+    warping = temporal and warping_available(run)
     metrics = ("psnr", "ssim") + (("lpips",) if run.lpips is not None else ()) + (("flicker",) if temporal else ())
-    names = [f"{prefix}{metric}" for prefix in ("", "decode_")[: 2 if run.config.use_ref_vae else 1] for metric in metrics]
+    # sums whose ratios are reported: colourfulness of both, the warping error over the clips that have one
+    metrics += ("luma_psnr", "chroma_psnr", "colourfulness", "source_colourfulness")
+    metrics += ("warping_error", "warped_clips") if warping else ()
+    prefixes = ("", "decode_")[: 2 if run.config.use_ref_vae else 1]
+    names = [f"{prefix}{metric}" for prefix in prefixes for metric in metrics]
     # PSNR of the round trip by frame position: an untrained temporal slot shows as one low position
     names += [f"psnr_frame{t}" for t in range(decoded_frame_count(run.config))]
     totals = torch.zeros(len(names) + 1, device=accelerator.device)  # metric sums, number of clips
@@ -67,7 +91,7 @@ def validate(run: TrainingRun, evaluated: TAEHV) -> dict:
                 if reference_latents is not None:
                     decoded["decode_"] = evaluated.decode_video(reference_latents)
             decoded = {prefix: frames.float() for prefix, frames in decoded.items()}
-            values = {}
+            values, warps = {}, {}
             for prefix, frames in decoded.items():
                 target = aligned(video, frames)
                 values[prefix + "psnr"], values[prefix + "ssim"] = psnr(frames, target), ssim(frames, target)
@@ -75,6 +99,14 @@ def validate(run: TrainingRun, evaluated: TAEHV) -> dict:
                     values[prefix + "lpips"] = run.lpips(frames, target)
                 if temporal:
                     values[prefix + "flicker"] = flicker(frames, target)
+                values[prefix + "luma_psnr"], values[prefix + "chroma_psnr"] = luma_psnr(frames, target), chroma_psnr(frames, target)
+                values[prefix + "colourfulness"], values[prefix + "source_colourfulness"] = colourfulness(frames), colourfulness(target)
+                if warping:  # the source's flow once per frame count, shared by both prefixes
+                    if frames.shape[1] not in warps:
+                        warps[frames.shape[1]] = source_warps(target)
+                    per_clip = warping_error(frames, target, warps=warps[frames.shape[1]]).to(video.device)
+                    values[prefix + "warping_error"] = per_clip.nan_to_num(0.0)
+                    values[prefix + "warped_clips"] = per_clip.isfinite().float()
             frames, target = decoded[""], aligned(video, decoded[""])
             for t in range(frames.shape[1]):
                 values[f"psnr_frame{t}"] = psnr(frames[:, t], target[:, t])
@@ -83,7 +115,17 @@ def validate(run: TrainingRun, evaluated: TAEHV) -> dict:
                 if index < SAMPLE_CLIPS * accelerator.num_processes:  # rank 0's first clips go to TensorBoard
                     log_sample_image(run, video[row : row + 1], decoded[""][row : row + 1], index // accelerator.num_processes)
     totals = accelerator.reduce(totals, reduction="sum") if accelerator.num_processes > 1 else totals
-    return {name: (totals[i] / totals[-1]).item() for i, name in enumerate(names)}
+    sums = {name: totals[i].item() for i, name in enumerate(names)}
+    clips = totals[-1].item() or float("nan")
+    out = {name: sums[name] / clips for name in names if not name.endswith(("colourfulness", "warping_error", "warped_clips"))
+           and not name.startswith("psnr_frame")}
+    for prefix in prefixes:  # ratios of sums: a grey clip or one without agreeing flow leaves no hole
+        source = sums[f"{prefix}source_colourfulness"] / clips
+        if source >= MIN_SOURCE_COLOURFULNESS:
+            out[f"{prefix}colourfulness_ratio"] = sums[f"{prefix}colourfulness"] / sums[f"{prefix}source_colourfulness"]
+        if sums.get(f"{prefix}warped_clips"):
+            out[f"{prefix}warping_error"] = sums[f"{prefix}warping_error"] / sums[f"{prefix}warped_clips"]
+    return {**out, **{name: sums[name] / clips for name in names if name.startswith("psnr_frame")}}
 
 
 COMPARED_METRICS = ("psnr", "ssim", "lpips", "decode_psnr", "decode_ssim", "decode_lpips", "flicker")
@@ -105,13 +147,19 @@ def with_baseline(run: TrainingRun, metrics: dict) -> dict:
 
 
 def validation_line(step: int, metrics: dict, seconds: float | None = None) -> str:
-    """`Validation at step N | psnr: 24.10 dB | ssim: 0.81 | by frame: 25.0 23.9 ... dB | 3.2 s`."""
+    """`Validation at step N | psnr: 24.10 dB | ssim: 0.81 | by frame: 25.0 23.9 ... dB | warping_error:
+    0.0210 | colourfulness_ratio: 0.8100 | luma_psnr: 25.30 dB | chroma_psnr: 31.20 dB | 3.2 s`."""
     by_frame = [v for k, v in metrics.items() if k.startswith("psnr_frame")]
-    parts = [f"{k}: {v:.2f} dB" if k.endswith("psnr") else f"{k}: {v:+.2f} dB" if k.endswith("psnr_vs_start")
-             else f"{k}: {v:+.4f}" if k.endswith("_vs_start") else f"{k}: {v:.4f}"
-             for k, v in metrics.items() if not k.startswith("psnr_frame")]
+
+    def part(k: str, v: float) -> str:
+        return (f"{k}: {v:.2f} dB" if k.endswith("psnr") else f"{k}: {v:+.2f} dB" if k.endswith("psnr_vs_start")
+                else f"{k}: {v:+.4f}" if k.endswith("_vs_start") else f"{k}: {v:.4f}")
+
+    late = [prefix + k for prefix in ("", "decode_") for k in COLOUR_AND_MOTION if prefix + k in metrics]
+    parts = [part(k, v) for k, v in metrics.items() if not k.startswith("psnr_frame") and k not in late]
     if by_frame:
         parts.append("by frame: " + " ".join(f"{v:.1f}" for v in by_frame) + " dB")
+    parts += [part(k, metrics[k]) for k in late]
     if seconds is not None:
         parts.append(f"{seconds:.1f} s")
     return f"Validation at step {step} | " + " | ".join(parts)
