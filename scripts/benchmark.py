@@ -220,11 +220,12 @@ def distillation_step_times(args, device: torch.device, data_root: Path) -> dict
     latents already in memory (the student alone), latents read from a real cache written by
     scripts/cache_latents.py (read, bf16 -> fp32, sampled, moved to the device; not overlapped
     with the step as loader workers would do), and latents from the reference VAE on the fly."""
+    import dataclasses
     import random
-    from types import SimpleNamespace
 
     from models.reference_families import valid_frame_counts
     from models.reference_vae import ReferenceVAE
+    from training.config.schema import TrainConfig
     from training.config.terms import WEIGHT_KEYS
     from training.data.latent_cache import CachedClipDataset
     from training.step.losses import Student, compute_losses
@@ -252,8 +253,8 @@ def distillation_step_times(args, device: torch.device, data_root: Path) -> dict
         student = Student(TAEHV(args.variant)).to(device).train()
         optimizer = torch.optim.AdamW(student.parameters(), lr=1e-4)
         # encoder, decoder and reconstruction terms; every other term (training/config/terms.py) off
-        weights = SimpleNamespace(**{**dict.fromkeys(WEIGHT_KEYS, 0.0), "encoder_weight": 0.1, "decoder_weight": 0.1,
-                                     "reconstruction_weight": 10.0}, pixel_loss="mse")
+        weights = dataclasses.replace(TrainConfig(), **{**dict.fromkeys(WEIGHT_KEYS, 0.0), "encoder_weight": 0.1,
+                                                        "decoder_weight": 0.1, "reconstruction_weight": 10.0}, pixel_loss="mse")
         video = torch.rand(args.batch, frames, 3, args.height, args.width, device=device)
         in_memory = reference.encode(video)
         rng = random.Random(0)

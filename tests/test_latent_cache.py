@@ -116,7 +116,7 @@ def test_a_partial_cache_is_refused_then_continued_with_the_missing_shards_only(
 @pytest.mark.slow
 def test_training_from_the_cache_logs_the_losses_of_training_on_the_fly(setup, tmp_path):
     root, sets = setup
-    sets = [*sets, "seraena_weight=0.1", "batch_size_per_gpu=2"]
+    sets = [*sets, "seraena_weight=0.1"]  # 9 frames: 3 frame groups per clip, enough for BatchNorm
     assert cache_command(tmp_path / "cache", sets, "--shard-size", "2", "--dtype", "fp32").returncode == 0
 
     def train(run_dir, extra):
