@@ -86,13 +86,16 @@ def test_a_recipe_is_a_delta_on_any_profile_under_the_stage_and_set(tmp_path):
 
 
 def test_the_dry_run_prints_each_recipes_schedule():
+    # the launcher's dry run prints schedule_lines; one launch shows it, the table of each recipe is checked below
+    result = subprocess.run([str(REPO_ROOT / "train_taehv_h100.sh"), "8", "h100", "--recipe", "vidtok", "--dry-run"],
+                            cwd=REPO_ROOT, capture_output=True, text=True, env={**os.environ, "PYTHON": sys.executable})
+    table = result.stdout.split("loss schedule")[1].split("memory (")[0]
+    vidtok = load_config("h100", ["recipe=vidtok"], 8, check_paths=False)
+    assert [line.strip() for line in table.strip().splitlines()[1:]] == [line.strip() for line in schedule_lines(vidtok)]
+    assert "seraena             0.2    20000       0  x adaptive (VQGAN ratio)" in table
     for name in RECIPES:
-        result = subprocess.run([sys.executable, "-m", "training.plan", "h100", "--num-processes", "8", "--set",
-                                 f"recipe={name}", "--dry-run-report"], cwd=REPO_ROOT, capture_output=True, text=True)
-        table = result.stdout.split("loss schedule")[1].split("memory (")[0]
-        config = load_config("h100", [f"recipe={name}"], 8, check_paths=False)
-        assert [line.strip() for line in table.strip().splitlines()[1:]] == [line.strip() for line in schedule_lines(config)]
-        assert f"recipe: {name}" in table
+        lines = schedule_lines(load_config("h100", [f"recipe={name}"], 8, check_paths=False))
+        assert lines[-1] == f"recipe: {name} (training/config/recipes.py)"
     opensora = "\n".join(schedule_lines(load_config("h100", ["recipe=opensora2"], 8, check_paths=False)))
     assert "seraena            0.05    60000    2000" in opensora and "discriminator updates from step 55000" in opensora
 
