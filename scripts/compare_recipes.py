@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import resource
+import socket
 import subprocess
 import sys
 import time
@@ -61,12 +62,19 @@ def lpips_sets(args) -> tuple[list[str], bool]:
     return [f"lpips_backbone_path={backbone}", f"lpips_weights_path={heads}"], True
 
 
+def free_port() -> int:
+    with socket.socket() as probe:  # another run on this machine may hold the launcher's default port
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def run_logged(command: list[str], log: Path) -> tuple[int, float, float]:
     """(exit code, wall s, CPU s of the command and everything it waited for)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
+    env = {**os.environ, "MASTER_PORT": os.environ.get("MASTER_PORT", str(free_port()))}
     with open(log, "w") as out:
-        code = subprocess.run(command, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT).returncode
+        code = subprocess.run(command, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return code, time.perf_counter() - start, cpu
