@@ -304,12 +304,19 @@ def launch(ngpu, run_dir, sets, resume=None):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(LAUNCHED_FAMILIES))
-def test_distillation_runs_with_each_reference_family(name, tiny_vae_folders, clips, tmp_path):
+def test_distillation_runs_with_each_reference_family(name, tiny_vae_folders, clips, tmp_path, monkeypatch):
     """The launcher distills from each family's real diffusers class (tiny random config) into its
-    paired student and exports final/ with the latent space recorded."""
+    paired student and exports final/ with the latent space recorded. The 2-process run also meets
+    a validation clip whose reference latents are NaN on rank 1 (a bf16 overflow on a GPU): skipped
+    and counted at every validation, named once, and the run finishes with equal weights."""
     family, _, processes, student_variant, frames, side, space = LAUNCHED_FAMILIES[name]
     run_dir = tmp_path / "run"
-    result = launch(processes, run_dir, [
+    held_out = []
+    if processes == 2:  # validation_fraction=0.3 holds out sample_0000 (rank 0 scores it) and sample_0005 (rank 1)
+        held_out = ["validation_fraction=0.3"]
+        monkeypatch.setenv("TAEHV_FAULT_NONFINITE_REFERENCE_CLIP", "sample_0005.mp4")
+        monkeypatch.setenv("TAEHV_FAULT_RANK", "1")
+    result = launch(processes, run_dir, [*held_out,
         f"data_root={clips}", "use_ref_vae=true", f"ref_vae_family={family}", f"ref_vae_path={tiny_vae_folders / name}",
         f"n_frames={frames}", "encoder_weight=0.1", "decoder_weight=0.1", "seraena_weight=0.1",
         # Seraena's BatchNorm needs 2 frame groups per rank: 5 frames hold one
@@ -334,6 +341,13 @@ def test_distillation_runs_with_each_reference_family(name, tiny_vae_folders, cl
     assert info["reference"] == {"family": family, "latent_space": space}
     topology = json.loads((run_dir / "checkpoints" / "checkpoint-4" / "topology.json").read_text())
     assert topology["ref_vae_latent_space"] == space
+    if processes == 2:
+        log = (run_dir / "train.log").read_text()
+        assert log.count("validation clip sample_0005.mp4 (rank 1) skipped: the cogvideox reference VAE produced "
+                         "non-finite latents") == 1, log
+        assert len(re.findall(r"Validation at step [24] \| .*\| skipped_clips: 1 \|", log)) == 2, log
+        history = json.loads((run_dir / "validation_history.json").read_text())
+        assert [entry["skipped_clips"] for entry in history] == [1, 1] and all(entry["psnr"] > 0 for entry in history)
 
 
 def probe_run(probe: str, marker: str, clips, tmp_path, max_steps: int) -> dict:

@@ -10,6 +10,10 @@ The step, data, checkpoint and validation code never read these settings.
     TAEHV_FAULT_CUDNN_ERROR_MICRO_STEPS=3   cuDNN's allocation failure (a RuntimeError) inside the
                                             student's first convolution
     TAEHV_FAULT_SERAENA_OOM_MICRO_STEPS=3   out of memory inside Seraena's discriminator forward
+    TAEHV_FAULT_NONFINITE_REFERENCE_CLIP=<clip>
+                                            the reference VAE's latents of that validation clip
+                                            (its path under data_root) are NaN wherever it is
+                                            encoded, as a bf16 overflow on its content would be
     TAEHV_FAULT_BACKWARD_OOM_MICRO_STEPS=3  out of memory as their backward starts, or with
     TAEHV_FAULT_OOM_IN_AUTOGRAD=1           ... from inside autograd (a gradient hook on the
                                             student's first trained weight, the last one the
@@ -62,6 +66,7 @@ class FaultInjection:
     real_oom: bool = False
     cudnn_error_micro_steps: set[int] = field(default_factory=set)
     seraena_oom_micro_steps: set[int] = field(default_factory=set)
+    nonfinite_reference_clip: str = ""
     backward_oom_micro_steps: set[int] = field(default_factory=set)
     oom_in_autograd: bool = False
     stop_at_step: int = 0
@@ -83,6 +88,7 @@ class FaultInjection:
             real_oom=os.environ.get("TAEHV_FAULT_REAL_OOM", "") == "1",
             cudnn_error_micro_steps=_numbers("TAEHV_FAULT_CUDNN_ERROR_MICRO_STEPS"),
             seraena_oom_micro_steps=_numbers("TAEHV_FAULT_SERAENA_OOM_MICRO_STEPS"),
+            nonfinite_reference_clip=os.environ.get("TAEHV_FAULT_NONFINITE_REFERENCE_CLIP", "").strip(),
             backward_oom_micro_steps=_numbers("TAEHV_FAULT_BACKWARD_OOM_MICRO_STEPS"),
             oom_in_autograd=os.environ.get("TAEHV_FAULT_OOM_IN_AUTOGRAD", "") == "1",
             stop_at_step=_number("TAEHV_FAULT_STOP_AT_STEP"),
@@ -145,6 +151,8 @@ class FaultInjection:
             discriminator_conv.register_forward_pre_hook(seraena_failure)
         if self.backward_oom_micro_steps:
             self._install_backward_failure(run, student, out_of_memory)
+        if self.nonfinite_reference_clip:
+            self._install_reference_overflow(run)
         self._install_save_faults(run)
 
     def _install_backward_failure(self, run, student, out_of_memory) -> None:
@@ -163,6 +171,28 @@ class FaultInjection:
             return backward(loss, **kwargs)
 
         run.accelerator.backward = backward_that_fails
+
+    def _install_reference_overflow(self, run) -> None:
+        """The reference VAE's encode (an instance attribute over its method) returns NaN latents for
+        the rows that hold the named validation clip, as validation hands it over (fp32 in [0, 1])."""
+        dataset, name, reference = run.validation_dataset, self.nonfinite_reference_clip, run.reference_vae
+        names = [dataset.index.relative(i) for i in range(len(dataset))] if hasattr(dataset, "index") else []
+        if reference is None or name not in names:
+            raise ValueError(f"TAEHV_FAULT_NONFINITE_REFERENCE_CLIP={name}: needs the reference VAE (use_ref_vae=true, no "
+                             f"latent_cache) and one of the validation clips: {', '.join(names) or 'none'}")
+        clip = dataset[names.index(name)]["video"].float() / 255
+        encode = reference.encode
+
+        def encode_that_overflows(video, generator=None, check=True):
+            latents = encode(video, generator, check=False)
+            if video.shape[1:] == clip.shape:
+                hit = (video == clip.to(video.device)).flatten(1).all(1)
+                latents = torch.where(hit.view(-1, 1, 1, 1, 1), float("nan"), latents)
+            if check and not torch.isfinite(latents).all():  # the check the real encode makes
+                raise FloatingPointError(reference.nonfinite_message())
+            return latents
+
+        reference.encode = encode_that_overflows
 
     def _install_save_faults(self, run) -> None:
         if self.failing_writes:

@@ -23,6 +23,7 @@ LOWER_IS_BETTER = ("lpips", "flicker", "warping_error")  # best_metric values (a
 # colour and motion (models/metrics.py); the validation line prints them after the PSNR by frame, in this order
 COLOUR_AND_MOTION = ("warping_error", "colourfulness_ratio", "luma_psnr", "chroma_psnr")
 _reported_missing_opencv = False  # the one-time log line when OpenCV is missing
+_named_clips: set[str] = set()  # validation clips already named for non-finite reference latents (once each)
 
 
 SAMPLE_CLIPS = 2  # held-out clips shown in TensorBoard at each validation
@@ -58,7 +59,9 @@ def validate(run: TrainingRun, evaluated: TAEHV) -> dict:
     reconstructions over that of the inputs) and the warping error (two or more frames, OpenCV; on
     the CPU, cheap at validation's clip counts) of the round trip over the held-out clips, and of
     the student's decode of reference latents when distilling; clips are split across ranks and the
-    sums reduced. Each rank runs validation_batch_size clips at a time, in the step's precision
+    sums reduced. A clip whose reference latents are not finite (a bf16 overflow of the reference
+    VAE) stays out of every metric, is counted (skipped_clips, in the same reduce: no rank waits on
+    another) and named once. Each rank runs validation_batch_size clips at a time, in the step's precision
     (bf16 autocast under a bf16 run on a GPU; the metrics in fp32). Rank 0 sends its first clips to
     TensorBoard."""
     from models.metrics import chroma_psnr, colourfulness, flicker, luma_psnr, psnr, source_warps, ssim, warping_error
@@ -77,7 +80,8 @@ def validate(run: TrainingRun, evaluated: TAEHV) -> dict:
     names = [f"{prefix}{metric}" for prefix in prefixes for metric in metrics]
     # PSNR of the round trip by frame position: an untrained temporal slot shows as one low position
     names += [f"psnr_frame{t}" for t in range(decoded_frame_count(run.config))]
-    totals = torch.zeros(len(names) + 1, device=accelerator.device)  # metric sums, number of clips
+    totals = torch.zeros(len(names) + 2, device=accelerator.device)  # metric sums, number of clips, skipped clips
+    skipped: list[str] = []  # this rank's clips with non-finite reference latents
     own = list(range(accelerator.process_index, count, accelerator.num_processes))
     size = max(1, run.config.validation_batch_size)
     with torch.no_grad():  # a plain module: ranks need not run the same number of forwards
@@ -85,7 +89,16 @@ def validate(run: TrainingRun, evaluated: TAEHV) -> dict:
             items = [dataset[index] for index in indices]
             batch = {key: torch.stack([item[key] for item in items]) for key in ("video", "latents") if key in items[0]}
             video = batch["video"].to(accelerator.device).float() / 255
-            reference_latents = reference_latents_for(run, batch, video) if run.config.use_ref_vae else None
+            reference_latents = reference_latents_for(run, batch, video, check=False) if run.config.use_ref_vae else None
+            if reference_latents is not None:  # a non-finite clip is left out here, never raised: ranks stay in step
+                finite = reference_latents.flatten(1).isfinite().all(1).tolist()
+                if not all(finite):
+                    skipped += [clip_name(dataset, items[row], indices[row]) for row, ok in enumerate(finite) if not ok]
+                    totals[-1] += finite.count(False)
+                    kept = [row for row, ok in enumerate(finite) if ok]
+                    indices, video, reference_latents = [indices[row] for row in kept], video[kept], reference_latents[kept]
+                    if not kept:
+                        continue
             with precision:  # the student's precision; the reference VAE keeps its own
                 decoded = {"": evaluated(video)}
                 if reference_latents is not None:
@@ -110,13 +123,15 @@ def validate(run: TrainingRun, evaluated: TAEHV) -> dict:
             frames, target = decoded[""], aligned(video, decoded[""])
             for t in range(frames.shape[1]):
                 values[f"psnr_frame{t}"] = psnr(frames[:, t], target[:, t])
-            totals += torch.cat([torch.stack([values[n].float().sum() for n in names]), totals.new_full((1,), len(indices))])
+            totals[:-1] += torch.cat([torch.stack([values[n].float().sum() for n in names]), totals.new_full((1,), len(indices))])
             for row, index in enumerate(indices):
                 if index < SAMPLE_CLIPS * accelerator.num_processes:  # rank 0's first clips go to TensorBoard
                     log_sample_image(run, video[row : row + 1], decoded[""][row : row + 1], index // accelerator.num_processes)
     totals = accelerator.reduce(totals, reduction="sum") if accelerator.num_processes > 1 else totals
     sums = {name: totals[i].item() for i, name in enumerate(names)}
-    clips = totals[-1].item() or float("nan")
+    clips, skipped_clips = totals[-2].item() or float("nan"), int(totals[-1].item())
+    if skipped_clips:  # every rank knows from the reduce, so every rank enters this gather
+        name_skipped_clips(run, skipped)
     out = {name: sums[name] / clips for name in names if not name.endswith(("colourfulness", "warping_error", "warped_clips"))
            and not name.startswith("psnr_frame")}
     for prefix in prefixes:  # ratios of sums: a grey clip or one without agreeing flow leaves no hole
@@ -125,7 +140,34 @@ def validate(run: TrainingRun, evaluated: TAEHV) -> dict:
             out[f"{prefix}colourfulness_ratio"] = sums[f"{prefix}colourfulness"] / sums[f"{prefix}source_colourfulness"]
         if sums.get(f"{prefix}warped_clips"):
             out[f"{prefix}warping_error"] = sums[f"{prefix}warping_error"] / sums[f"{prefix}warped_clips"]
-    return {**out, **{name: sums[name] / clips for name in names if name.startswith("psnr_frame")}}
+    out.update({name: sums[name] / clips for name in names if name.startswith("psnr_frame")})
+    return {**out, "skipped_clips": skipped_clips} if skipped_clips else out
+
+
+def clip_name(dataset, item: dict, index: int) -> str:
+    """The clip's path under data_root (a cached sample's record holds it), else its position."""
+    if "recipe" in item:
+        return item["recipe"]["clip"]
+    return dataset.record(index)["clip"] if hasattr(dataset, "record") else f"validation sample {index}"
+
+
+def name_skipped_clips(run: TrainingRun, skipped: list[str]) -> None:
+    """Rank 0 names, once per clip, each rank's validation clips with non-finite reference latents
+    (a collective: every rank calls it when the reduced count is not zero)."""
+    accelerator = run.accelerator
+    if accelerator.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        seen = gather_object([(accelerator.process_index, name) for name in skipped])
+    else:
+        seen = [(0, name) for name in skipped]
+    cause = (run.reference_vae.nonfinite_message() if run.reference_vae is not None
+             else f"non-finite latents in latent_cache={run.config.latent_cache} (rebuild it with scripts/cache_latents.py)")
+    for rank, name in seen:
+        if name not in _named_clips:
+            _named_clips.add(name)
+            run.log.line(f"validation clip {name} (rank {rank}) skipped: {cause}; it stays out of the validation "
+                         "metrics at every validation, counted as skipped_clips")
 
 
 COMPARED_METRICS = ("psnr", "ssim", "lpips", "decode_psnr", "decode_ssim", "decode_lpips", "flicker")
@@ -153,7 +195,7 @@ def validation_line(step: int, metrics: dict, seconds: float | None = None) -> s
 
     def part(k: str, v: float) -> str:
         return (f"{k}: {v:.2f} dB" if k.endswith("psnr") else f"{k}: {v:+.2f} dB" if k.endswith("psnr_vs_start")
-                else f"{k}: {v:+.4f}" if k.endswith("_vs_start") else f"{k}: {v:.4f}")
+                else f"{k}: {v:+.4f}" if k.endswith("_vs_start") else f"{k}: {v}" if k == "skipped_clips" else f"{k}: {v:.4f}")
 
     late = [prefix + k for prefix in ("", "decode_") for k in COLOUR_AND_MOTION if prefix + k in metrics]
     parts = [part(k, v) for k, v in metrics.items() if not k.startswith("psnr_frame") and k not in late]
