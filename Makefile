@@ -2,8 +2,8 @@
 #   make demo   set up what is missing, train the cpu profile on real clips and evaluate it on the
 #               clips it held out (under 12 minutes on 2 cores, set-up included)
 #   make test   set up what is missing, then run the whole test suite
-#   make gpu-check  on one CUDA GPU: GPU tests, the h100 step benchmark, the model benchmark
-#               (about 10 minutes; writes gpu_check/gpu_check.json and .md)
+#   make gpu-check  on one CUDA GPU: a launch at full shape, the step benchmarks, the GPU tests, most
+#               valuable first within BUDGET seconds (480: the phases' H100 times fit); gpu_check/gpu_check.md
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
@@ -44,6 +44,7 @@ test: $(STAMP)
 # there would install a second torch. Any other active conda env (an auto-activated base without
 # torch, say) is not used: gpu-check names it in one line, then sets up and uses .venv like demo and test.
 GPU_ENV ?= taehv
+BUDGET ?= 480
 ifeq ($(origin PY),command line)
 GPU_CHECK_PY := $(PY)
 else ifneq ($(filter $(GPU_ENV),$(CONDA_DEFAULT_ENV) $(notdir $(CONDA_PREFIX))),)
@@ -55,7 +56,7 @@ endif
 endif
 
 gpu-check: $(if $(GPU_CHECK_PY),,$(STAMP))
-	$(or $(GPU_CHECK_PY),$(PY)) -m scripts.gpu_check --out gpu_check
+	$(or $(GPU_CHECK_PY),$(PY)) -m scripts.gpu_check --out gpu_check --budget $(BUDGET)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,150 +1,276 @@
-"""The one-command GPU acceptance run (`make gpu-check`), on one CUDA GPU, in about 10 minutes on
-a warm box. Each phase has a time limit far above that (a cold box compiles inductor kernels,
-autotunes cuDNN for every shape and builds the 215 M-parameter reference VAE): pytest 60 minutes,
-each profile benchmark 10 minutes of start-up plus 10 s per timed micro-step, the model benchmark
-10 minutes; --time-scale multiplies them. A phase that fails or overruns is named in the report
-and in one line at the end.
+"""`make gpu-check` (`make gpu-check BUDGET=480`): what one CUDA GPU lent for minutes can show, the
+most valuable first, under one deadline.
 
-1. `pytest -m gpu` (tests/test_gpu.py: a bf16 DeepSpeed run with a real CUDA out-of-memory error
-   skipped by the agreement, fused AdamW / TF32 / cuDNN autotuning, channels_last and inductor
-   compile parity, the memory estimate against the measured peak, the profile benchmark);
-2. the training micro-step of the h100 profile (scripts/benchmark.py --profile h100), with
-   latents cached and with the reference VAE on the fly: clips/s per GPU and MFU;
-3. scripts/benchmark_model.py at 512x320x61 in fp16, to compare with the public ~0.5 s decode;
-4. scripts/benchmark_teacher.py: the reference VAE's encode of an h100 batch in the default layout
-   and in channels_last_3d, and which `ref_vae_channels_last` the runs should use.
+    python -m scripts.gpu_check [--budget SECONDS (480)] [--out gpu_check]
 
-Writes <out>/gpu_check.json and <out>/gpu_check.md (a table in the layout of docs/benchmarks.md).
-Without CUDA it stops with one line and exit status 2.
+The phases, in order of value; each estimate is the time it took on a fresh H100 (torch 2.11,
+2026-11, ../shared/reference/gpu-h100-2026-11.md), rounded up, and all of them fit 480 s:
+ 1. launch: the 1gpu_h100 profile through the launcher at its full shape (4 x 17 x 480x720) for 4
+    optimizer steps with every loss term on, its peak memory against the plan
+    (scripts/gpu_check_launch.py; offline: random weights where none are on this machine);
+ 2. the h100 profile's micro-step benchmark with latents cached, 3. with the reference VAE on the fly;
+ 4. `pytest -m gpu` but the compile parity (phase 7) and the profile benchmark (phases 2-3);
+ 5. the reference VAE's encode in both memory layouts; 6. TAEHV's inference speed;
+ 7. the compile parity (`pytest -m gpu -k fast_path_keys`): the slowest.
+
+A phase whose estimate exceeds the time left is skipped, named as skipped for time, and the next
+that fits runs; a phase still running at the deadline is stopped with its process group (a
+launch's ranks too). The report, <out>/gpu_check.json and gpu_check.md, is rewritten whole
+(renamed into place) before and after every phase, so a check stopped from outside keeps what
+ran; each phase's output is in <out>/<phase>.log. Exit 1 when a phase failed or was stopped, else
+0 (phases skipped for time are named on the last line); without CUDA one line and exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import Callable
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_BUDGET_S = 480
+STOP_GRACE_S = 5  # a stopped phase's processes get SIGTERM, then SIGKILL after this
+STARTUP_LIMIT_S = 600  # a profile benchmark alone (tests/test_gpu.py): a cold box's start, then per micro-step
+MICRO_STEP_LIMIT_S = 10
 
 
-PYTEST_LIMIT_S = 3600  # tests/test_gpu.py: two training launches, three inductor compiles, a profile benchmark
-STARTUP_LIMIT_S = 600  # a benchmark's start on a cold box: CUDA context, the reference VAE's build, cuDNN autotuning
-MICRO_STEP_LIMIT_S = 10  # per micro-step of the h100 profile with the reference VAE on the fly (~1 s on an H100)
-MODEL_BENCHMARK_LIMIT_S = 600
+@dataclass(frozen=True)
+class Phase:
+    key: str  # its log file <out>/<key>.log, and its result file <out>/<key>.json when it writes one
+    title: str
+    estimate_s: float  # measured on an H100: skipped when less time than this is left
+    command: list[str]
+    writes_json: bool = False
+    row: Callable[[dict], str] | None = None  # the report's result cell, from the phase's JSON
 
 
 def benchmark_limit_s(steps: int) -> int:
-    """The time limit of `scripts.benchmark --profile h100 --steps N`: it times N + 3 windows of
-    gradient_accumulation_steps micro-steps (13 x 4 = 52 at 10 steps) after its start."""
+    """The time limit of `scripts.benchmark --profile h100 --steps N` run alone (tests/test_gpu.py): it
+    times N + 3 windows of gradient_accumulation_steps micro-steps after its start."""
     from training.config.load import load_config
 
     window = load_config("h100", [], 8, check_paths=False).gradient_accumulation_steps
     return STARTUP_LIMIT_S + (steps + 3) * window * MICRO_STEP_LIMIT_S
 
 
-def run(command: list[str], timeout: int, phase: str) -> tuple[int, str, float]:
-    """(exit status, output, seconds); a phase past its limit is stopped with status 124 and its
-    output ends with a line naming the phase and the limit."""
-    start = time.perf_counter()
-    try:
-        done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
-        code, output = done.returncode, done.stdout + done.stderr
-    except subprocess.TimeoutExpired as error:  # keep what it printed until then: the reason is usually in it
-        printed = "".join(part.decode(errors="replace") if isinstance(part, bytes) else part
-                          for part in (error.stdout, error.stderr) if part)
-        code, output = 124, f"{printed}\n{phase} overran its {timeout} s time limit (--time-scale raises it)"
-    return code, output, time.perf_counter() - start
+def benchmark_row(result: dict) -> str:
+    mfu = result.get("mfu_vs_spec_peak")
+    return (f"{result['clips_per_s_per_gpu']:.2f} clips/s per GPU (step {result['step_s'] * 1000:.0f} ms, MFU "
+            f"{'n/a' if mfu is None else f'{mfu:.1%}'} vs {result['spec_peak']}, {result['mfu_vs_measured_peak']:.1%} vs "
+            f"the measured peak, {result['measured_peak_kernel']})")
+
+
+def model_row(result: dict) -> str:
+    return f"decode {result['decode_s']:.3f} s, encode {result['encode_s']:.3f} s, peak {result['peak_memory_mb']:.0f} MB"
+
+
+def teacher_row(result: dict) -> str:
+    return (f"{result['family']} encode of {'x'.join(map(str, result['shape']))} {result['dtype']}: default "
+            f"{result['encode_s']['default']:.3f} s, channels_last_3d {result['encode_s']['channels_last_3d']:.3f} s "
+            f"({result['channels_last_speedup']:.2f}x): use {result['use']}")
+
+
+def launch_row(result: dict) -> str:
+    peak = (f"peak {result['peak_memory_gb']:.1f} GB against the plan's {result['plan_comparable_gb']:.1f} GB "
+            f"({result['plan_gpu_gb']:.1f} with the CUDA context): {result['peak_vs_plan'] - 1:+.1%}"
+            if "peak_memory_gb" in result else "no peak logged")
+    random = ", ".join(line.split(":")[0] for line in result["random_weights"])
+    weights = f"; random weights: {random}" if random else ""
+    return f"{result['shape']}, {result['steps']} steps: {peak}{weights}{'; ' + result['problem'] if result['problem'] else ''}"
+
+
+def phases(out: Path, python: str = sys.executable) -> list[Phase]:
+    pytest = [python, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py", "-k"]
+
+    def benchmark(latents: str) -> list[str]:
+        return [python, "-m", "scripts.benchmark", "--profile", "h100", "--steps", "3", "--latents", latents,
+                "--json", str(out / f"benchmark_{latents.replace('-', '_')}.json")]
+
+    return [
+        Phase("launch", "1gpu_h100 through the launcher, every loss term, peak memory against the plan", 105,  # 74-92 s + inputs
+              [python, "-m", "scripts.gpu_check_launch", "--out", str(out / "launch_inputs"), "--json", str(out / "launch.json")],
+              True, launch_row),
+        Phase("benchmark_cached", "h100 micro-step, latents cached", 53, benchmark("cached"), True, benchmark_row),
+        Phase("benchmark_on_the_fly", "h100 micro-step, reference VAE on the fly", 53, benchmark("on-the-fly"), True,
+              benchmark_row),
+        # not measured alone: two short launches of the test profile (about 35 s each to their first steps) and a build
+        Phase("pytest_gpu", "pytest -m gpu (the rest of tests/test_gpu.py)", 90,
+              [*pytest, "not fast_path_keys and not benchmark_of_the_h100_profile"]),
+        Phase("benchmark_teacher", "reference VAE encode, h100 batch, both layouts", 26,
+              [python, "-m", "scripts.benchmark_teacher", "--profile", "h100", "--warmup", "1", "--repeats", "3",
+               "--json", str(out / "benchmark_teacher.json")], True, teacher_row),
+        Phase("benchmark_model", "TAEHV inference, 1 x 61 x 512x320 fp16", 4,
+              [python, "-m", "scripts.benchmark_model", "--variant", "taehv", "--height", "320", "--width", "512", "--frames",
+               "61", "--dtype", "fp16", "--json", str(out / "benchmark_model.json")], True, model_row),
+        Phase("compile_parity", "CUDA parity of channels_last and inductor compile (pytest -k fast_path_keys)", 118,
+              [*pytest, "fast_path_keys"]),
+    ]
+
+
+def stop(process: subprocess.Popen) -> None:
+    """End the phase and every process it started (its own session): SIGTERM, then SIGKILL."""
+    for sig, wait in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, None)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def run_phase(phase: Phase, out: Path, limit_s: float) -> tuple[int | None, float]:
+    """(exit status, or None when stopped at the limit; seconds). Its output goes to <out>/<key>.log;
+    whatever it leaves running (data workers, ranks) ends with it."""
+    start = time.monotonic()
+    with (out / f"{phase.key}.log").open("w") as log:
+        process = subprocess.Popen(phase.command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        code = None
+        try:
+            code = process.wait(timeout=max(limit_s, 0.01))
+        except subprocess.TimeoutExpired:
+            pass
+        finally:  # the deadline, or this check stopped from outside (SIGTERM, Ctrl-C)
+            stop(process)
+    return code, time.monotonic() - start
+
+
+def last_line(path: Path) -> str:
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()] if path.is_file() else []
+    return lines[-1].strip()[:300] if lines else "no output"
+
+
+def write_whole(path: Path, text: str) -> None:
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(text)
+    os.replace(partial, path)  # a reader, or a check killed now, sees the old report or the new one
+
+
+def write_report(report: dict, out: Path) -> None:
+    write_whole(out / "gpu_check.json", json.dumps(report, indent=2) + "\n")
+    write_whole(out / "gpu_check.md", markdown(report))
+
+
+def run_phases(phase_list: list[Phase], out: Path, deadline: float, report: dict,
+               clock: Callable[[], float] = time.monotonic) -> dict:
+    """Each phase in order under one deadline (a `clock` time); the report written before and after each."""
+    entries = report["phases"] = [{"phase": p.key, "title": p.title, "estimate_s": p.estimate_s, "status": "pending"}
+                                  for p in phase_list]
+    report["skipped_for_time"] = []
+    write_report(report, out)
+    for phase, entry in zip(phase_list, entries):
+        left = deadline - clock()
+        if left < phase.estimate_s:
+            entry.update(status="skipped for time", note=f"{max(left, 0):.0f} s left")
+            report["skipped_for_time"].append(phase.key)
+            write_report(report, out)
+            continue
+        result = out / f"{phase.key}.json"
+        result.unlink(missing_ok=True)  # an earlier check's result is not this one's
+        entry["status"] = "running"
+        write_report(report, out)
+        try:
+            code, seconds = run_phase(phase, out, left)
+        except BaseException:
+            entry["status"] = "stopped from outside"
+            write_report(report, out)
+            raise
+        entry.update(seconds=round(seconds, 1), exit=code, log=str(out / f"{phase.key}.log"),
+                     status="passed" if code == 0 else "stopped at the deadline" if code is None else "failed")
+        if phase.writes_json and result.is_file():
+            entry["result"] = json.loads(result.read_text())
+        if code != 0:
+            entry["last_line"] = last_line(out / f"{phase.key}.log")
+        write_report(report, out)
+    return report
+
+
+def result_cell(entry: dict, row: Callable[[dict], str] | None) -> str:
+    if "result" in entry and row is not None:
+        try:
+            return row(entry["result"]).replace("|", "/")
+        except (KeyError, TypeError, ValueError) as error:
+            return f"its JSON lacks {error}"
+    if entry["status"] == "skipped for time":
+        return f"{entry['note']} of the {entry['estimate_s']:.0f} s it takes"
+    return entry.get("last_line", "").replace("|", "/")
+
+
+def launch_weights(report: dict) -> str:
+    reported = [entry["result"]["random_weights"] for entry in report["phases"] if "random_weights" in entry.get("result", {})]
+    if not reported:
+        return "the launch has not reported its weights"
+    random = [line for lines in reported for line in lines]
+    return f"random weights in the launch: {'; '.join(random)}" if random else "the launch used the weights on this machine"
 
 
 def markdown(report: dict) -> str:
-    lines = [f"GPU check on {report['device']} (torch {report['torch']}), `make gpu-check`, {report['date']}", "",
-             "| measurement | value |", "|---|---|", f"| pytest -m gpu | {report['pytest']['summary']} |"]
-    for name, bench in report["benchmarks"].items():
-        if "error" in bench:
-            lines.append(f"| {name} | failed: {bench['error']} |")
-            continue
-        mfu = bench.get("mfu_vs_spec_peak")
-        lines.append(f"| {name}: clips/s per GPU | {bench['clips_per_s_per_gpu']:.2f} (step {bench['step_s'] * 1000:.0f} ms, "
-                     f"MFU {'n/a' if mfu is None else f'{mfu:.1%}'} vs {bench['spec_peak']}, "
-                     f"{bench['mfu_vs_measured_peak']:.1%} vs measured peak, {bench['measured_peak_kernel']}) |")
-    model = report["benchmark_model"]
-    if "error" in model:
-        lines.append(f"| taehv 512x320x61 fp16 | failed: {model['error']} |")
-    else:
-        lines.append(f"| taehv 512x320x61 fp16 decode / encode | {model['decode_s']:.3f} s / {model['encode_s']:.3f} s, "
-                     f"peak {model['peak_memory_mb']:.0f} MB |")
-    teacher = report.get("benchmark_teacher", {})
-    if "error" in teacher:
-        lines.append(f"| reference VAE encode, h100 batch | failed: {teacher['error']} |")
-    elif teacher:
-        lines.append(f"| {teacher['family']} encode of {'x'.join(map(str, teacher['shape']))} {teacher['dtype']}: default / "
-                     f"channels_last_3d | {teacher['encode_s']['default']:.3f} s / {teacher['encode_s']['channels_last_3d']:.3f} s "
-                     f"({teacher['channels_last_speedup']:.2f}x): use {teacher['use']} |")
+    rows = {phase.key: phase.row for phase in phases(Path("."))}
+    lines = [f"GPU check on {report['device']} (torch {report['torch']}), `python -m scripts.gpu_check --budget "
+             f"{report['budget_s']:g}`, {report['date']}", "",
+             f"Weights: nothing downloaded; {launch_weights(report)}; the benchmarks use each network's published "
+             "architecture with random weights: speed and memory, not quality.", "",
+             "| phase | status | seconds (estimate) | result |", "|---|---|---|---|"]
+    for entry in report["phases"]:
+        seconds = f"{entry['seconds']:.0f}" if "seconds" in entry else "-"
+        lines.append(f"| {entry['title']} | {entry['status']} | {seconds} ({entry['estimate_s']:.0f}) | "
+                     f"{result_cell(entry, rows.get(entry['phase']))} |")
+    if report["skipped_for_time"]:
+        lines += ["", f"Skipped for time: {', '.join(report['skipped_for_time'])} (a larger --budget runs them)."]
     return "\n".join(lines) + "\n"
+
+
+def problems(report: dict) -> list[str]:
+    """One line per phase that failed or was stopped, naming it and its output."""
+    return [f"{entry['phase']}: {entry['status']}: {entry.get('last_line', '')} (output: {entry['log']})"
+            for entry in report["phases"] if entry["status"] in ("failed", "stopped at the deadline")]
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM (a scheduler taking the machine back, `timeout`) stops the check as Ctrl-C does: the
+    running phase ends with its processes and the report says it was stopped from outside."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("gpu_check"))
-    parser.add_argument("--time-scale", type=float, default=1.0, help="multiply every phase's time limit (a slow or cold box)")
+    parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, help="seconds for every phase together")
     args = parser.parse_args(argv)
+    import torch
+
     if not torch.cuda.is_available():
         build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "a CPU-only build"
         print(f"gpu-check: needs a CUDA GPU, and torch {torch.__version__} ({build}) sees none; run it on a GPU machine "
               "(pytest -m gpu skips these tests here)", file=sys.stderr)
         return 2
+    if args.budget <= 0:
+        print(f"gpu-check: --budget {args.budget:g} must be a positive number of seconds (default {DEFAULT_BUDGET_S})",
+              file=sys.stderr)
+        return 2
+    deadline = time.monotonic() + args.budget
     args.out.mkdir(parents=True, exist_ok=True)
-    python = sys.executable
+    out = args.out.resolve()
     report = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-              "benchmarks": {}}
-
-    def limit(seconds: float) -> int:
-        return int(seconds * args.time_scale)
-
-    code, output, seconds = run([python, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py"],
-                                limit(PYTEST_LIMIT_S), "pytest -m gpu")
-    summary = output.strip().splitlines()[-1] if output.strip() else "no output"
-    report["pytest"] = {"exit": code, "summary": summary, "seconds": round(seconds, 1)}
-    (args.out / "pytest_gpu.txt").write_text(output)
-    for name, latents in (("h100 profile, latents cached", "cached"), ("h100 profile, reference VAE on the fly", "on-the-fly")):
-        path = args.out / f"benchmark_h100_{latents}.json"
-        code, output, _ = run([python, "-m", "scripts.benchmark", "--profile", "h100", "--steps", "10", "--latents", latents,
-                               "--json", str(path)], limit(benchmark_limit_s(10)), f"benchmark ({name})")
-        report["benchmarks"][name] = json.loads(path.read_text()) if code == 0 else {"error": output.strip()[-300:]}
-    path = args.out / "benchmark_model_fp16.json"
-    code, output, _ = run([python, "-m", "scripts.benchmark_model", "--variant", "taehv", "--height", "320", "--width", "512",
-                           "--frames", "61", "--dtype", "fp16", "--json", str(path)], limit(MODEL_BENCHMARK_LIMIT_S),
-                          "benchmark_model (taehv 512x320x61 fp16)")
-    report["benchmark_model"] = json.loads(path.read_text()) if code == 0 else {"error": output.strip()[-300:]}
-    path = args.out / "benchmark_teacher_h100.json"
-    code, output, _ = run([python, "-m", "scripts.benchmark_teacher", "--profile", "h100", "--json", str(path)],
-                          limit(MODEL_BENCHMARK_LIMIT_S), "benchmark_teacher (reference VAE encode, h100 shape)")
-    report["benchmark_teacher"] = json.loads(path.read_text()) if code == 0 else {"error": output.strip()[-300:]}
-    (args.out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / "gpu_check.md").write_text(markdown(report))
+              "budget_s": args.budget}
+    stop_on_sigterm()
+    run_phases(phases(out), out, deadline, report)
     print(markdown(report))
-    print(f"written: {args.out / 'gpu_check.json'}, {args.out / 'gpu_check.md'}")
-    problems = failures(report, args.out)
-    for problem in problems:
-        print(f"gpu-check failed: {problem}", file=sys.stderr)
-    return 1 if problems else 0
-
-
-def failures(report: dict, out: Path) -> list[str]:
-    """One line per phase that failed or overran its limit, naming it and where its output is."""
-    problems = []
-    if report["pytest"]["exit"] != 0:
-        problems.append(f"pytest -m gpu: {report['pytest']['summary']} (output: {out / 'pytest_gpu.txt'})")
-    for name, bench in [*report["benchmarks"].items(), ("benchmark_model (taehv 512x320x61 fp16)", report["benchmark_model"]),
-                        ("benchmark_teacher (reference VAE encode, h100 shape)", report.get("benchmark_teacher", {}))]:
-        if "error" in bench:
-            problems.append(f"{name}: {bench['error'].strip().splitlines()[-1] if bench['error'].strip() else 'no output'}")
-    return problems
+    print(f"written: {out / 'gpu_check.json'}, {out / 'gpu_check.md'}")
+    failed = problems(report)
+    for line in failed:
+        print(f"gpu-check failed: {line}", file=sys.stderr)
+    if report["skipped_for_time"]:
+        print(f"gpu-check: skipped for time: {', '.join(report['skipped_for_time'])} (--budget {args.budget:g})")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
