@@ -42,6 +42,7 @@ Every function takes N,T,C,H,W (or N,C,H,W) tensors in [0, 1] and returns one va
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -222,8 +223,27 @@ def _gaussian_window(channels: int, device, size: int = 11, sigma: float = 1.5) 
     return (g[:, None] * g[None, :]).expand(channels, 1, size, size).contiguous()
 
 
+@contextmanager
+def convolutions_in_fp32():
+    """cuDNN runs fp32 convolutions in TF32 (a 10-bit mantissa) wherever torch allows it, and
+    training allows it (training/loop/build.py): a metric's convolutions run in full fp32 here, so
+    its value does not depend on the device. torch >= 2.9 has one flag per operation, older torch one."""
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    owner, name, full = (conv, "fp32_precision", "ieee") if conv is not None else (torch.backends.cudnn, "allow_tf32", False)
+    before = getattr(owner, name)
+    setattr(owner, name, full)
+    try:
+        yield
+    finally:
+        setattr(owner, name, before)
+
+
 def ssim(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Per clip. Frames smaller than the 11-pixel window use a window of their size."""
+    """Per clip. Frames smaller than the 11-pixel window use a window of their size. The local
+    variances are E[x^2] - E[x]^2, a difference of nearly equal numbers: they are taken of the
+    frames less their mean (per frame and channel; exact, the window sums to 1), so a rounding of
+    the blur's inputs (TF32 where the full-fp32 request is not honoured) moves SSIM by about 1e-4,
+    not 1e-3."""
     n = prediction.shape[0]
     x, y = frames(prediction).float(), frames(target).float()
     channels = x.shape[1]
@@ -234,10 +254,14 @@ def ssim(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     def blur(t):
         return F.conv2d(t, window, groups=channels)
 
-    mu_x, mu_y = blur(x), blur(y)
-    var_x = blur(x * x) - mu_x.pow(2)
-    var_y = blur(y * y) - mu_y.pow(2)
-    cov = blur(x * y) - mu_x * mu_y
+    x_offset, y_offset = x.mean((-2, -1), keepdim=True), y.mean((-2, -1), keepdim=True)
+    dx, dy = x - x_offset, y - y_offset
+    with convolutions_in_fp32():
+        mu_dx, mu_dy = blur(dx), blur(dy)
+        var_x = blur(dx * dx) - mu_dx.pow(2)
+        var_y = blur(dy * dy) - mu_dy.pow(2)
+        cov = blur(dx * dy) - mu_dx * mu_dy
+    mu_x, mu_y = mu_dx + x_offset, mu_dy + y_offset
     score = ((2 * mu_x * mu_y + c1) * (2 * cov + c2)) / ((mu_x.pow(2) + mu_y.pow(2) + c1) * (var_x + var_y + c2))
     return score.reshape(n, -1).mean(1)
 

@@ -200,14 +200,34 @@ class ReferenceVAE(nn.Module):
         return self._from_vae_pixels(frames.float()).permute(0, 2, 1, 3, 4).contiguous()
 
 
+STATISTICS = ("latents_mean", "latents_std")  # LTX and LTX-2 keep them as buffers, saved with the weights
+
+
+def _from_pretrained(cls, dtype: torch.dtype, *where, **options) -> nn.Module:
+    """cls.from_pretrained in `dtype`, the latent statistics kept in fp32: torch_dtype=bf16 casts
+    every floating buffer, and bf16 statistics move the latent space's shift and scale by up to
+    0.2% each (8 mantissa bits), so reference latents would depend on the device (bf16 on a GPU,
+    fp32 on the CPU). They are read again from an fp32 load (only LTX VAEs below fp32 pay it);
+    the VAE's own forward never reads them."""
+    vae = cls.from_pretrained(*where, torch_dtype=dtype, **options)
+    rounded = [name for name, buffer in vae.named_buffers(recurse=False)
+               if name in STATISTICS and buffer.dtype != torch.float32]
+    if rounded:
+        exact = dict(cls.from_pretrained(*where, torch_dtype=torch.float32, **options).named_buffers(recurse=False))
+        for name in rounded:
+            vae.register_buffer(name, exact[name].detach().clone())
+    return vae
+
+
 def load_reference_vae(family: str, path_or_id: str, device: torch.device, sample_latents: bool = True,
                        tiling: bool = False, dtype: torch.dtype | None = None, latent_space: str = "auto",
                        geometry: VAEGeometry | None = None, xformers: bool = False,
                        channels_last: bool = False) -> ReferenceVAE:
     """From a local folder (a diffusers pipeline folder with vae/, or a VAE folder itself) or a hub
-    id (subfolder vae). bf16 on GPU, fp32 on CPU unless `dtype` says otherwise. Any failure is an
-    error that names the path: training never switches to another loss on its own. A measured
-    VAE (`geometry`) is loaded as its class and tiled when it encodes only tiled."""
+    id (subfolder vae). bf16 on GPU, fp32 on CPU unless `dtype` says otherwise; the latent
+    statistics and the normalisation stay fp32 on every device. Any failure is an error that
+    names the path: training never switches to another loss on its own. A measured VAE
+    (`geometry`) is loaded as its class and tiled when it encodes only tiled."""
     cls = vae_class(family, geometry)
     tiling = tiling or (geometry is not None and geometry.needs_tiling)
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
@@ -215,9 +235,9 @@ def load_reference_vae(family: str, path_or_id: str, device: torch.device, sampl
     try:
         if local.is_dir():
             folder = local / "vae" if (local / "vae" / "config.json").is_file() else local
-            vae = cls.from_pretrained(str(folder), torch_dtype=dtype)
+            vae = _from_pretrained(cls, dtype, str(folder))
         else:
-            vae = cls.from_pretrained(path_or_id, subfolder="vae", torch_dtype=dtype)
+            vae = _from_pretrained(cls, dtype, path_or_id, subfolder="vae")
     except Exception as error:
         raise RuntimeError(f"cannot load the {family} reference VAE from {path_or_id!r}: {error}") from error
     vae.to(device)
