@@ -206,8 +206,8 @@ STATISTICS = ("latents_mean", "latents_std")  # LTX and LTX-2 keep them as buffe
 def _from_pretrained(cls, dtype: torch.dtype, *where, **options) -> nn.Module:
     """cls.from_pretrained in `dtype`, the latent statistics kept in fp32: torch_dtype=bf16 casts
     every floating buffer, and bf16 statistics move the latent space's shift and scale by up to
-    0.2% each (8 mantissa bits), so reference latents would depend on the device (bf16 on a GPU,
-    fp32 on the CPU). They are read again from an fp32 load (only LTX VAEs below fp32 pay it);
+    0.4% each (8 significant bits), so reference latents would depend on the device (bf16 on a
+    GPU, fp32 on the CPU). They are read again from an fp32 load (only LTX VAEs below fp32 pay it);
     the VAE's own forward never reads them."""
     vae = cls.from_pretrained(*where, torch_dtype=dtype, **options)
     rounded = [name for name, buffer in vae.named_buffers(recurse=False)
