@@ -13,7 +13,10 @@ to `discriminator_step` and by averaging BatchNorm running statistics (`batchnor
 
 from __future__ import annotations
 
+import math
 import random
+import warnings
+import weakref
 from typing import Callable
 
 import torch
@@ -69,21 +72,55 @@ class SeraenaDiscriminator(nn.Module):
         return torch.cat(scores, 1)
 
 
+def host_slab(nbytes: int, pinned: bool) -> torch.Tensor:
+    """The replay buffer's one host allocation: exactly `nbytes` uint8, pinned when asked (CUDA).
+    Pinned by registering the pages in place (cudaHostRegister): torch.empty(pin_memory=True) goes
+    through torch's caching host allocator, which rounds every allocation up to a power of two
+    (a 0.5 GB slab would pin 537 MB; one block per 3.28 MB entry at 480x720 pinned 4.46 MB). When
+    registering fails the slab stays pageable: the copies into it then wait for the device."""
+    slab = torch.empty(nbytes, dtype=torch.uint8)
+    if pinned and nbytes:
+        cudart = torch.cuda.cudart()
+        result = cudart.cudaHostRegister(slab.data_ptr(), nbytes, 0)
+        if result != cudart.cudaError.success:
+            warnings.warn(f"replay buffer: cudaHostRegister of {nbytes:,} bytes failed ({result}); "
+                          "it stays in pageable memory (its device-to-host copies then synchronise)")
+        else:
+            weakref.finalize(slab, _unregister, slab.data_ptr())
+    return slab
+
+
+def _unregister(address: int) -> None:
+    try:
+        torch.cuda.cudart().cudaHostUnregister(address)
+    except Exception:  # at interpreter exit CUDA may be gone already; the process's pages go with it
+        pass
+
+
 class ReplayBuffer:
-    """Up to `capacity` past (fake, context) pairs on the CPU; when full, a random slot is replaced.
+    """Up to `capacity` past (fake, context) pairs in host memory; when full, a random slot is replaced.
     Fakes (frame groups in [0, 1]) are kept as uint8 and contexts as bf16, converted on the device
     before the copy: a quarter of the fp32 bytes in host memory, in each device-to-host copy and
-    in checkpoints (1/255 steps are far below what the discriminator resolves)."""
+    in checkpoints (1/255 steps are far below what the discriminator resolves).
 
-    def __init__(self, capacity: int, rng: random.Random):
+    Every entry lives in one slab of capacity x entry_bytes, allocated once, at the first entry
+    (host_slab: pinned on CUDA, exactly that size, which the plan's host line counts): slot i holds
+    the fake's bytes, then the context's (at an even offset). Entries of a smaller shape (aspect
+    buckets) use the start of their slot. `entry_bytes`: a slot's size, the largest entry the run
+    makes (training/step/seraena.py replay_pair_bytes at the largest bucket); None: the first
+    entry's. `pin_memory`: pin the slab (a run on CUDA); entries from a CUDA device pin it too."""
+
+    def __init__(self, capacity: int, rng: random.Random, entry_bytes: int | None = None, pin_memory: bool = False):
         self.capacity = capacity
         self.rng = rng
-        self.fakes: list[torch.Tensor] = []
-        self.contexts: list[torch.Tensor] = []
+        self.entry_bytes = entry_bytes
+        self.pin_memory = pin_memory
+        self.slab: torch.Tensor | None = None
+        self.shapes: list[tuple[torch.Size, torch.Size]] = []  # per filled slot: (fake shape, context shape)
         self.copied = None  # CUDA event of the last asynchronous device-to-host copy
 
     def __len__(self) -> int:
-        return len(self.fakes)
+        return len(self.shapes)
 
     @staticmethod
     def compact(fakes: torch.Tensor, contexts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,28 +128,57 @@ class ReplayBuffer:
             fakes = (fakes.detach().float().clamp(0, 1) * 255).round().to(torch.uint8)
         return fakes, contexts.detach().to(torch.bfloat16)
 
+    @staticmethod
+    def layout(fake_shape, context_shape) -> tuple[int, int]:
+        """(the context's offset, the entry's bytes) in a slot: uint8 fake, then the bf16 context at an even offset."""
+        fake_bytes = math.prod(fake_shape)
+        offset = fake_bytes + fake_bytes % 2
+        return offset, offset + 2 * math.prod(context_shape)
+
+    def entry(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (fake, context) held in `slot`: views into the slab."""
+        fake_shape, context_shape = self.shapes[slot]
+        offset, size = self.layout(fake_shape, context_shape)
+        start = slot * self.entry_bytes
+        fake = self.slab[start : start + math.prod(fake_shape)].view(fake_shape)
+        return fake, self.slab[start + offset : start + size].view(torch.bfloat16).view(context_shape)
+
+    @property
+    def fakes(self) -> list[torch.Tensor]:
+        return [self.entry(slot)[0] for slot in range(len(self))]
+
+    @property
+    def contexts(self) -> list[torch.Tensor]:
+        return [self.entry(slot)[1] for slot in range(len(self))]
+
+    def _store(self, slot: int, fake: torch.Tensor, context: torch.Tensor) -> None:
+        size = self.layout(fake.shape, context.shape)[1]
+        if self.slab is None:
+            self.entry_bytes = self.entry_bytes or size
+            self.slab = host_slab(self.capacity * self.entry_bytes, self.pin_memory or fake.is_cuda)
+        if size > self.entry_bytes:
+            raise ValueError(f"replay buffer: an entry of {size:,} bytes (frame group {tuple(fake.shape)}, context "
+                             f"{tuple(context.shape)}) exceeds its slot of {self.entry_bytes:,} bytes: the slot size "
+                             "must be the run's largest entry (training/step/seraena.py replay_pair_bytes)")
+        shapes = (fake.shape, context.shape)
+        if slot == len(self.shapes):
+            self.shapes.append(shapes)
+        else:
+            self.shapes[slot] = shapes
+        held_fake, held_context = self.entry(slot)
+        held_fake.copy_(fake, non_blocking=fake.is_cuda)
+        held_context.copy_(context, non_blocking=context.is_cuda)
+
     def add(self, fakes: torch.Tensor, contexts: torch.Tensor) -> None:
-        """On CUDA the device-to-host copy runs asynchronously into pinned memory; the host waits
-        for it only when it next reads the buffer (one optimizer step later, long finished)."""
+        """On CUDA the device-to-host copies run asynchronously into the pinned slab; the host waits
+        for them only when it next reads the buffer (one optimizer step later, long finished)."""
         fakes, contexts = self.compact(fakes, contexts)
-        if fakes.is_cuda:  # one pinned block per entry, so a replaced entry frees its own memory
-            fakes, contexts = [self._to_pinned(f) for f in fakes], [self._to_pinned(c) for c in contexts]
+        for fake, context in zip(fakes, contexts):
+            slot = len(self) if len(self) < self.capacity else self.rng.randrange(self.capacity)
+            self._store(slot, fake, context)
+        if fakes.is_cuda:
             self.copied = torch.cuda.Event()
             self.copied.record()
-        else:
-            fakes, contexts = [f.clone() for f in fakes], [c.clone() for c in contexts]
-        for fake, context in zip(fakes, contexts):
-            if len(self.fakes) < self.capacity:
-                self.fakes.append(fake)
-                self.contexts.append(context)
-            else:
-                slot = self.rng.randrange(self.capacity)
-                self.fakes[slot], self.contexts[slot] = fake, context
-
-    @staticmethod
-    def _to_pinned(tensor: torch.Tensor) -> torch.Tensor:
-        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-        return host.copy_(tensor, non_blocking=True)
 
     def wait_for_copies(self) -> None:
         if self.copied is not None:
@@ -123,25 +189,28 @@ class ReplayBuffer:
         """(fakes in [0, 1], contexts), as float32 on the CPU; with `like`, drawn among the fakes of
         that shape only (a run with aspect buckets holds several), None when none has it."""
         self.wait_for_copies()
-        pool = range(len(self.fakes))
-        if like is not None and any(fake.shape != like for fake in self.fakes):
-            pool = [i for i, fake in enumerate(self.fakes) if fake.shape == like]
+        pool = range(len(self))
+        if like is not None and any(fake_shape != like for fake_shape, _ in self.shapes):
+            pool = [slot for slot, (fake_shape, _) in enumerate(self.shapes) if fake_shape == like]
             if not pool:
                 return None
-        slots = [pool[self.rng.randrange(len(pool))] for _ in range(count)]
-        fakes = torch.stack([self.fakes[i] for i in slots]).float() / 255
-        return fakes, torch.stack([self.contexts[i] for i in slots]).float()
+        entries = [self.entry(pool[self.rng.randrange(len(pool))]) for _ in range(count)]
+        fakes = torch.stack([fake for fake, _ in entries]).float() / 255
+        return fakes, torch.stack([context for _, context in entries]).float()
 
     def state_dict(self) -> dict:
+        """The format of separate tensors per entry (copies: saving views would write the whole slab)."""
         self.wait_for_copies()
-        return {"capacity": self.capacity, "fakes": list(self.fakes), "contexts": list(self.contexts)}
+        return {"capacity": self.capacity, "fakes": [fake.clone() for fake in self.fakes],
+                "contexts": [context.clone() for context in self.contexts]}
 
     def load_state_dict(self, state: dict) -> None:
-        """Also reads checkpoints written before the buffer was compact (fp32 fakes)."""
-        self.capacity = state["capacity"]
-        pairs = [self.compact(f, c) for f, c in zip(state["fakes"], state["contexts"])]
-        self.fakes = [f for f, _ in pairs]
-        self.contexts = [c for _, c in pairs]
+        """Also reads checkpoints written before the buffer was compact (fp32 fakes). The capacity
+        stays this buffer's (what the plan counted); entries past it are left out."""
+        self.wait_for_copies()
+        self.shapes = []
+        for fake, context in list(zip(state["fakes"], state["contexts"]))[: self.capacity]:
+            self._store(len(self), *self.compact(fake, context))
 
 
 class Seraena(nn.Module):
@@ -157,12 +226,14 @@ class Seraena(nn.Module):
         seed: int = 0,
         amp_dtype: torch.dtype | None = None,
         weight_seed: int | None = None,
+        buffer_entry_bytes: int | None = None,
+        pin_buffer: bool = False,
     ):
         super().__init__()
         self.disc = SeraenaDiscriminator(c_im, c_ctx, weight_seed)
         self.optimizer = torch.optim.AdamW(self.disc.parameters(), lr=lr, betas=betas)
         self.rng = random.Random(seed)
-        self.buffer = ReplayBuffer(buffer_size, self.rng)
+        self.buffer = ReplayBuffer(buffer_size, self.rng, buffer_entry_bytes, pin_buffer)
         self.amp_dtype = amp_dtype
         self.last_stats: dict[str, torch.Tensor] = {}  # of the latest discriminator step and correction, for logging
 

@@ -254,7 +254,8 @@ def test_validation_reports_flicker_beside_psnr_and_lower_is_better():
 
 def test_validation_in_batches_scores_every_clip_once_as_one_at_a_time(monkeypatch):
     """validation_batch_size clips per forward: the metrics equal those of one clip at a time (an
-    odd count leaves a short last batch), with fewer forwards; the line carries its time."""
+    odd count leaves a short last batch, filled up with a repeat no metric counts), with fewer
+    forwards; the line carries its time."""
     from training.config.load import load_config
     from training.loop.validation import validate, validation_line
 
@@ -270,7 +271,7 @@ def test_validation_in_batches_scores_every_clip_once_as_one_at_a_time(monkeypat
             process_index=0, num_processes=1, device=torch.device("cpu"), is_main_process=False))
         forwards.clear()
         results[size] = (validate(run, model), list(forwards))
-    assert results[1][1] == [1] * 5 and results[2][1] == [2, 2, 1]
+    assert results[1][1] == [1] * 5 and results[2][1] == [2, 2, 2]  # the short last batch filled up with a repeat
     assert results[2][0] == pytest.approx(results[1][0], rel=1e-5)
     assert validation_line(4, results[2][0], 1.25).endswith(" dB | 1.2 s")
 

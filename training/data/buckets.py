@@ -55,6 +55,14 @@ def at_largest_bucket(config):
     return dataclasses.replace(config, height=height, width=width, buckets=())
 
 
+def cudnn_autotuning(config) -> bool:
+    """Whether cuDNN autotunes (torch.backends.cudnn.benchmark): cudnn_benchmark where the run's
+    shapes are fixed. Under buckets each bucket is a new shape, met at random through the first
+    epoch, and each would be timed again mid-run: a time spike and a workspace peak after the first
+    log interval, which the memory plan takes to hold all tuning. docs/performance.md#cudnn-autotuning."""
+    return bool(config.cudnn_benchmark and not config.buckets)
+
+
 class BucketBatchSampler(Sampler):
     """Yields (epoch, index) for this rank. Each epoch permutes the clips by (seed, epoch) as
     EpochShardSampler does, cuts each bucket's clips, in that order, into groups of batch_size x
@@ -171,4 +179,6 @@ def bucket_lines(config) -> list[str]:
             lines.append(f"{unknown} clips have no width/height in the index: they go to the bucket nearest height x width "
                          f"({config.height}x{config.width}); scripts/build_index.py writes the sizes")
     lines.append(f"validation clips: at height x width ({config.height}x{config.width}), as without buckets")
+    if config.cudnn_benchmark:
+        lines.append("cuDNN autotuning (cudnn_benchmark): off, each bucket's shape would be tuned again mid-run")
     return lines

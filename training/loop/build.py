@@ -85,12 +85,15 @@ def check_deepspeed_batch(accelerator, config: TrainConfig) -> None:
 
 
 def configure_cuda(config: TrainConfig) -> None:
-    """TF32 matmuls and convolutions (Ampere and newer: H100, A800) and cuDNN autotuning for the
-    fixed training shapes (cudnn_benchmark). Nothing on a machine without CUDA."""
+    """TF32 matmuls and convolutions (Ampere and newer: H100, A800), only with CUDA, and cuDNN
+    autotuning where the run's shapes are fixed (cudnn_autotuning: cudnn_benchmark, off under aspect
+    buckets), set everywhere (without CUDA the flag does nothing: a CPU test reads what a GPU gets)."""
+    from training.data.buckets import cudnn_autotuning
+
+    torch.backends.cudnn.benchmark = cudnn_autotuning(config)
     if torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-        torch.backends.cudnn.benchmark = config.cudnn_benchmark
 
 
 def model_dtype(model):
@@ -135,14 +138,16 @@ def build_reference_vae(config: TrainConfig, device):
 
 def build_seraena(config: TrainConfig, accelerator, taehv: TAEHV):
     from training.data.buckets import at_largest_bucket
-    from training.step.seraena import replay_capacity
+    from training.step.seraena import replay_capacity, replay_pair_bytes
 
     if config.seraena_weight <= 0:
         return None
     amp = torch.bfloat16 if accelerator.device.type == "cuda" and config.mixed_precision == "bf16" else None
-    capacity = replay_capacity(at_largest_bucket(config), taehv.patch_size, taehv.latent_channels)  # within seraena_buffer_gb
+    largest = at_largest_bucket(config)  # every slot of the buffer's slab holds the largest entry
+    capacity = replay_capacity(largest, taehv.patch_size, taehv.latent_channels)  # within seraena_buffer_gb
     return SeraenaState(taehv.latent_channels, config.seraena_learning_rate, capacity, config.seed,
-                        accelerator.process_index, accelerator.device, amp)
+                        accelerator.process_index, accelerator.device, amp,
+                        buffer_entry_bytes=replay_pair_bytes(largest, taehv.patch_size, taehv.latent_channels))
 
 
 def build_lpips(config: TrainConfig, device):

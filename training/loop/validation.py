@@ -83,20 +83,25 @@ def validate(run: TrainingRun, evaluated: TAEHV) -> dict:
     totals = torch.zeros(len(names) + 2, device=accelerator.device)  # metric sums, number of clips, skipped clips
     skipped: list[str] = []  # this rank's clips with non-finite reference latents
     own = list(range(accelerator.process_index, count, accelerator.num_processes))
-    size = max(1, run.config.validation_batch_size)
+    # no larger than the most clips one rank holds: no more repeats to fill up than needed
+    size = max(1, min(run.config.validation_batch_size, -(-count // accelerator.num_processes)))
     with torch.no_grad():  # a plain module: ranks need not run the same number of forwards
         for indices in (own[i : i + size] for i in range(0, len(own), size)):
             items = [dataset[index] for index in indices]
+            # a short batch is filled up with repeats of its first clip, left out of every sum: the models
+            # see one shape, which cuDNN's autotuning times once (docs/performance.md#cudnn-autotuning)
+            items += items[:1] * (size - len(items))
             batch = {key: torch.stack([item[key] for item in items]) for key in ("video", "latents") if key in items[0]}
             video = batch["video"].to(accelerator.device).float() / 255
             reference_latents = reference_latents_for(run, batch, video, check=False) if run.config.use_ref_vae else None
             if reference_latents is not None:  # a non-finite clip is left out here, never raised: ranks stay in step
-                finite = reference_latents.flatten(1).isfinite().all(1).tolist()
+                finite = reference_latents[: len(indices)].flatten(1).isfinite().all(1).tolist()
                 if not all(finite):
                     skipped += [clip_name(dataset, items[row], indices[row]) for row, ok in enumerate(finite) if not ok]
                     totals[-1] += finite.count(False)
                     kept = [row for row, ok in enumerate(finite) if ok]
-                    indices, video, reference_latents = [indices[row] for row in kept], video[kept], reference_latents[kept]
+                    rows = kept + kept[:1] * (size - len(kept))  # filled up again: the same shape
+                    indices, video, reference_latents = [indices[row] for row in kept], video[rows], reference_latents[rows]
                     if not kept:
                         continue
             with precision:  # the student's precision; the reference VAE keeps its own
@@ -123,7 +128,7 @@ def validate(run: TrainingRun, evaluated: TAEHV) -> dict:
             frames, target = decoded[""], aligned(video, decoded[""])
             for t in range(frames.shape[1]):
                 values[f"psnr_frame{t}"] = psnr(frames[:, t], target[:, t])
-            totals[:-1] += torch.cat([torch.stack([values[n].float().sum() for n in names]), totals.new_full((1,), len(indices))])
+            totals[:-1] += torch.cat([torch.stack([values[n].float()[: len(indices)].sum() for n in names]), totals.new_full((1,), len(indices))])
             for row, index in enumerate(indices):
                 if index < SAMPLE_CLIPS * accelerator.num_processes:  # rank 0's first clips go to TensorBoard
                     log_sample_image(run, video[row : row + 1], decoded[""][row : row + 1], index // accelerator.num_processes)

@@ -24,7 +24,8 @@ arithmetic on the parameter count and the accelerate file's engine:
 | CUDA context and allocator slack | 1.5 GB |
 
 Host per rank: the Seraena replay buffer (uint8 frame groups, bf16 contexts; its capacity is
-capped by seraena_buffer_gb), the batches the data workers hold, and a process baseline.
+capped by seraena_buffer_gb; one slab of capacity x entry bytes at the largest bucket, pinned on
+CUDA, allocated whole at its first entry), the batches the data workers hold, and a process baseline.
 Checkpoint: weights, optimizer state, EMA, and every rank's replay buffer (one file per rank).
 The reference VAE's encode of one batch, when it runs on the fly, is measured the same way (its
 published architecture from diffusers, bf16): it runs before the student's step and is freed
@@ -48,7 +49,7 @@ from training.config.schema import measured_keys
 from training.config.terms import needs_module
 from training.config.views import measured_geometry, student_of
 from training.data.buckets import at_largest_bucket
-from training.step.seraena import replay_capacity, replay_pair_bytes
+from training.step.seraena import replay_buffer_bytes
 
 GB = 1e9
 
@@ -278,8 +279,8 @@ def estimate_memory(config) -> MemoryEstimate:
     gpu["cuDNN workspace"] = CUDNN_WORKSPACE_GB
     gpu["CUDA context"] = CUDA_CONTEXT_GB
 
-    pair_bytes = replay_pair_bytes(config, model.patch_size, model.latent_channels)
-    buffer = replay_capacity(config, model.patch_size, model.latent_channels) * pair_bytes if needs_module(config, "seraena") else 0
+    # what the buffer's slab allocates, and pins on CUDA, at its first entry (not rounded up: registered in place)
+    buffer = replay_buffer_bytes(config, model.patch_size, model.latent_channels) if needs_module(config, "seraena") else 0
     clip_bytes = config.n_frames * 3 * config.height * config.width
     estimate.host = {
         "replay buffer": buffer / GB,

@@ -36,12 +36,13 @@ class SeraenaState:
     beside it as seraena_rank<R>.pt (rank_state_dict)."""
 
     def __init__(self, latent_channels: int, learning_rate: float, buffer_size: int, seed: int, rank: int,
-                 device: torch.device, amp_dtype: torch.dtype | None):
+                 device: torch.device, amp_dtype: torch.dtype | None, buffer_entry_bytes: int | None = None):
         # the weights from a local generator seeded alike on every rank; the global generators
         # keep their per-rank state (nothing here may reseed them: that would reseed CUDA too)
         with torch.random.fork_rng(devices=[]):  # the default initialisation's CPU draws leave no trace
             self.seraena = Seraena(9, latent_channels, lr=learning_rate, buffer_size=buffer_size,
-                                   seed=seed + rank, amp_dtype=amp_dtype, weight_seed=seed)
+                                   seed=seed + rank, amp_dtype=amp_dtype, weight_seed=seed,
+                                   buffer_entry_bytes=buffer_entry_bytes, pin_buffer=torch.device(device).type == "cuda")
         if next(self.seraena.parameters()).device != torch.device(device):  # (a no-op .to() fails under fake tensors)
             self.seraena.to(device)
         # for a reset after a collapse (reset_if_failing): the same initial state on every rank
@@ -129,7 +130,8 @@ class SeraenaState:
 GB = 1e9
 
 def replay_pair_bytes(config, patch_size: int, latent_channels: int) -> int:
-    """Host bytes of one replay-buffer entry: a group of 3 RGB frames (uint8) and its bf16 context."""
+    """Host bytes of one replay-buffer entry (a slot of its slab): a group of 3 RGB frames (uint8) and
+    its bf16 context (height and width are multiples of the latent side: the fake's bytes are even)."""
     latent_side = 8 * patch_size
     context = 2 * latent_channels * math.ceil(config.height / latent_side) * math.ceil(config.width / latent_side)
     return 9 * config.height * config.width + context
@@ -139,3 +141,10 @@ def replay_capacity(config, patch_size: int, latent_channels: int) -> int:
     """seraena_buffer_size, capped so the buffer stays within seraena_buffer_gb of host memory per rank."""
     fitting = int(config.seraena_buffer_gb * GB // replay_pair_bytes(config, patch_size, latent_channels))
     return max(1, min(config.seraena_buffer_size, fitting))
+
+
+def replay_buffer_bytes(config, patch_size: int, latent_channels: int) -> int:
+    """Host bytes of one rank's replay buffer: its slab, capacity x entry bytes, allocated (and on CUDA
+    pinned) whole at the first entry (models/seraena.py ReplayBuffer). With aspect buckets pass the
+    config at its largest bucket: every slot holds the largest entry."""
+    return replay_capacity(config, patch_size, latent_channels) * replay_pair_bytes(config, patch_size, latent_channels)

@@ -1,0 +1,100 @@
+"""Seraena's replay buffer in host memory: one slab of capacity x entry bytes, allocated once, which
+is what the plan's host line counts (on CUDA that slab is pinned in place: torch's pinned allocator
+would round each allocation up to a power of two). The CPU shows the bytes held and the one
+allocation; the GPU test shows that the slab is pinned and that torch's pinned allocator holds none of it."""
+
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import models.seraena
+from models.taehv import TAEHV
+from training.config.load import load_config
+from training.config.views import student_of
+from training.data.buckets import at_largest_bucket
+from training.loop.build import build_seraena
+from training.plan.memory import GB, estimate_memory
+from training.step.seraena import replay_capacity, replay_pair_bytes
+
+BUCKETS = ((24, 40), (40, 24), (32, 32))
+
+
+def held_bytes(buffer) -> int:
+    """Bytes of every tensor storage the buffer holds (whatever attributes hold them), each once."""
+    tensors = [value for value in vars(buffer).values() if isinstance(value, torch.Tensor)]
+    tensors += [item for value in vars(buffer).values() if isinstance(value, list) for item in value
+                if isinstance(item, torch.Tensor)]
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
+
+
+def steps(seraena, taehv, shapes, generator):
+    """One discriminator step per (height, width): real clips of that shape, their decode and latents."""
+    for height, width in shapes:
+        video = torch.rand(2, 8, 3, height, width, generator=generator)
+        with torch.no_grad():
+            latents = taehv.encode_video(video)
+            decoded = taehv.decode_video(latents)
+        seraena.discriminator_step(video, decoded, latents)
+
+
+@pytest.mark.parametrize("buckets", [(), BUCKETS], ids=["one shape", "aspect buckets"])
+def test_the_replay_buffer_holds_one_slab_of_what_the_plan_counts(buckets, monkeypatch):
+    """The buffer allocates once, capacity x the largest entry (host_slab, the call that pins on
+    CUDA), at its first entry; the bytes it holds are the plan's host line from then on, while
+    entries are added, replace others (the capacity is 6 entries, each step adds 2: 10 in all) and come in
+    several shapes."""
+    sets = ["seraena_weight=0.1", "batch_size_per_gpu=2", "seraena_buffer_size=6"]
+    config = load_config("test", sets + ([f"buckets={','.join(f'{h},{w}' for h, w in buckets)}"] if buckets else []),
+                         1, check_paths=False)
+    taehv = TAEHV(student_of(config)).eval()
+    largest = at_largest_bucket(config)
+    planned = (replay_capacity(largest, taehv.patch_size, taehv.latent_channels)
+               * replay_pair_bytes(largest, taehv.patch_size, taehv.latent_channels))  # capacity x the largest entry
+    assert estimate_memory(config).host["replay buffer"] == planned / GB
+    allocations = []
+    real_slab = getattr(models.seraena, "host_slab", None)
+    monkeypatch.setattr(models.seraena, "host_slab", lambda nbytes, pinned: allocations.append((nbytes, pinned))
+                        or real_slab(nbytes, pinned), raising=False)
+    seraena = build_seraena(config, SimpleNamespace(device=torch.device("cpu"), process_index=0), taehv)
+    buffer = seraena.seraena.buffer
+    shapes = list(buckets) or [(32, 32)]
+    generator = torch.Generator().manual_seed(0)
+    steps(seraena, taehv, shapes[:1], generator)
+    assert len(buffer) == 2 and held_bytes(buffer) == planned
+    steps(seraena, taehv, (shapes * 4)[:4], generator)  # full, then replacing random slots
+    assert len(buffer) == 6 and held_bytes(buffer) == planned
+    assert allocations == [(planned, False)]  # one slab, pinned only on CUDA
+    # each slot gives back the entry of its shape, and a checkpoint of it loads into a new buffer alike
+    fakes = buffer.fakes
+    assert {tuple(fake.shape[1:]) for fake in fakes} == set(shapes) and all(f.dtype == torch.uint8 for f in fakes)
+    state = buffer.state_dict()
+    assert all(t.untyped_storage().nbytes() == t.nbytes for t in state["fakes"] + state["contexts"])  # not the slab
+    again = models.seraena.ReplayBuffer(buffer.capacity, random.Random(0), buffer.entry_bytes)
+    again.load_state_dict(state)
+    assert all(torch.equal(a, b) for a, b in zip(again.fakes + again.contexts, buffer.fakes + buffer.contexts))
+    assert held_bytes(again) == planned
+
+
+def test_an_entry_larger_than_its_slot_is_refused_with_the_sizes():
+    buffer = models.seraena.ReplayBuffer(4, random.Random(0), entry_bytes=9 * 8 * 8 + 2 * 4)
+    buffer.add(torch.rand(2, 9, 8, 8), torch.rand(2, 4, 1, 1))
+    with pytest.raises(ValueError, match=r"an entry of 2,336 bytes \(frame group \(9, 16, 16\), context \(4, 2, 2\)\) "
+                                         r"exceeds its slot of 584 bytes"):
+        buffer.add(torch.rand(1, 9, 16, 16), torch.rand(1, 4, 2, 2))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (make gpu-check runs these on one)")
+def test_on_cuda_the_slab_is_pinned_in_place_at_its_exact_size():
+    before = torch.cuda.host_memory_stats().get("allocated_bytes.current", 0) if hasattr(torch.cuda, "host_memory_stats") else 0
+    buffer = models.seraena.ReplayBuffer(8, random.Random(0), entry_bytes=9 * 480 * 720 + 2 * 16 * 60 * 90)
+    fakes, contexts = torch.rand(4, 9, 480, 720, device="cuda"), torch.randn(4, 16, 60, 90, device="cuda")
+    buffer.add(fakes, contexts)
+    assert buffer.slab.is_pinned() and buffer.slab.untyped_storage().nbytes() == 8 * (9 * 480 * 720 + 2 * 16 * 60 * 90)
+    after = torch.cuda.host_memory_stats().get("allocated_bytes.current", 0) if hasattr(torch.cuda, "host_memory_stats") else 0
+    assert after == before  # torch's pinned allocator (power-of-two rounding) holds none of it
+    buffer.wait_for_copies()  # the copies into the slab ran asynchronously
+    assert torch.equal(torch.stack(buffer.fakes), (fakes * 255).round().to(torch.uint8).cpu())
+    assert torch.equal(torch.stack(buffer.contexts), contexts.to(torch.bfloat16).cpu())
