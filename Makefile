@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 # the demo evaluates at 8 frames (2 latent frames, every temporal slot) and its training size
 DEMO_EVAL ?= --frames 8 --height 32 --width 32
 
-.PHONY: demo test gpu-check setup clean
+.PHONY: demo test gpu-check setup wheelhouse clean
 
 setup: $(STAMP)
 
@@ -57,6 +57,16 @@ endif
 
 gpu-check: $(if $(GPU_CHECK_PY),,$(STAMP))
 	$(or $(GPU_CHECK_PY),$(PY)) -m scripts.gpu_check --out gpu_check --budget $(BUDGET)
+
+# wheelhouse: every wheel the project needs beyond torch, for a container's Python and platform, resolved
+# with its torch kept, for an offline install (docs/launching.md). Runs in .venv when set up (its pip
+# is new enough), else in PYTHON; needs internet.
+PYTHON_VERSION ?= 3.12
+WHEELHOUSE ?= wheelhouse
+CONTAINER_TORCH ?= 2.11.0
+WHEELHOUSE_PLATFORM ?= manylinux_2_28_x86_64
+wheelhouse:
+	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m scripts.wheelhouse --out $(WHEELHOUSE) --python-version $(PYTHON_VERSION) --torch $(CONTAINER_TORCH) --platform $(WHEELHOUSE_PLATFORM)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

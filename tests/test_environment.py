@@ -252,3 +252,133 @@ def test_the_attention_extras_keep_the_tested_torch(resolutions):
     assert packages["torch"][0] == Version(the_tested_torch()), packages["torch"]
     assert "xformers" in packages and "flash-attn" not in packages
     assert all(file.endswith(".whl") for _, file in packages.values())
+
+
+# --- Into an existing PyTorch container, offline (issue 38 item 8) ---------------------------------
+CONTAINER = ROOT / "requirements-container.txt"
+# requirements.txt lines a container does not need: torch is the container's; these only check the code
+NOT_IN_CONTAINER = {"torch", "pytest-xdist", "import-linter"}
+# what a container with torch lacked on the H100 (../shared/reference/gpu-h100-2026-11.md), and the
+# build backend an offline `pip install -e .` needs
+CONTAINER_ADDITIONS = {"deepspeed", "diffusers", "av", "easydict", "hjson", "pydantic", "setuptools"}
+
+
+def test_the_container_requirements_are_the_projects_without_torch():
+    """requirements-container.txt holds requirements.txt's bounds, without torch (the container's)
+    and without the tools that only check the code; the docs give the install that keeps torch."""
+    def bounds(path: Path) -> dict[str, str]:
+        return {canonicalize_name(req.name): str(req.specifier) for req, _ in requirements(path.read_text().splitlines(), ROOT)}
+
+    project = {name: spec for name, spec in bounds(ROOT / "requirements.txt").items() if name not in NOT_IN_CONTAINER}
+    assert bounds(CONTAINER) == project
+    for doc in ("README.md", "docs/launching.md"):
+        text = (ROOT / doc).read_text()
+        for command in ("make wheelhouse", "-c keep-torch.txt -r requirements-container.txt", "--no-index --find-links"):
+            assert command in text, f"{doc} does not say `{command}`"
+
+
+def _wheelhouse():
+    import importlib
+
+    return importlib.import_module("scripts.wheelhouse")
+
+
+@pytest.mark.slow
+def test_the_container_requirements_resolve_for_python_3_12_keeping_torch_2_11(tmp_path, monkeypatch):
+    """The H100 container's case (CPython 3.12, torch 2.11.0, Linux x86_64), resolved by
+    scripts/wheelhouse.py as `make wheelhouse` does, wheels only: pip keeps torch at 2.11.0 (a package
+    wanting another torch fails this resolution), and the wheels to download are the six packages the
+    container lacked and the rest, never torch or what only torch needs."""
+    require_index()
+    for key in list(os.environ):  # this machine's find-links, extra indexes and torch cap play no part
+        if key.startswith("PIP_") and key not in PIP_REACH:
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    wheelhouse = _wheelhouse()
+    lines = wheelhouse.top_level(CONTAINER)
+    wheelhouse.build_pure_python(lines, tmp_path)
+    options = wheelhouse.target_options("3.12", "manylinux_2_28_x86_64")
+    install = wheelhouse.resolve(lines, "2.11.0", options, tmp_path)
+    packages = resolved(install)
+    assert packages["torch"][0] == Version("2.11.0"), packages["torch"]
+    wanted, missing = wheelhouse.needed(install, lines, wheelhouse.marker_environment("3.12", "manylinux_2_28_x86_64"))
+    assert not missing
+    assert CONTAINER_ADDITIONS <= set(wanted), sorted(CONTAINER_ADDITIONS - set(wanted))
+    assert not {name for name in wanted if name == "torch" or name == "triton" or name.startswith(("nvidia-", "cuda-"))}
+    assert all(packages[name][1].endswith(".whl") for name in wanted)
+    assert {path.name for path in tmp_path.glob("*.whl")} == {
+        f"{name}-{packages[name][0]}-py3-none-any.whl" for name in ("deepspeed", "easydict")}
+
+
+def _installed_torch(python: Path) -> dict:
+    """The venv's torch as pip left it: version, and the identity of its RECORD and __init__.py (a
+    reinstall, even of the same wheel, writes new files)."""
+    code = ("import hashlib, importlib.metadata as m, json, os, torch; d = m.distribution('torch');"
+            "files = [d.locate_file(f) for f in d.files if f.name == 'RECORD' or str(f) == 'torch/__init__.py'];"
+            "print(json.dumps({'version': d.version, 'module': torch.__version__, 'files': {str(f): [os.stat(f).st_ino, "
+            "os.stat(f).st_mtime_ns, hashlib.sha256(open(f, 'rb').read()).hexdigest()] for f in files}}))")
+    completed = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=300, cwd=python.parent)
+    assert completed.returncode == 0, completed.stderr
+    return json.loads(completed.stdout)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("make") is None or not NATIVE_LINUX_X86_64
+                    or Version(platform.libc_ver()[1] or "0") < Version("2.28"),
+                    reason="installs the manylinux_2_28 x86_64 wheels `make wheelhouse` writes, here")
+def test_an_offline_install_from_the_wheelhouse_keeps_the_containers_torch(tmp_path):
+    """A fresh venv holding torch (this interpreter's release, as a container holds its own), then
+    docs/launching.md's steps: `make wheelhouse` for this Python with that torch, and with no network
+    (an unreachable proxy) `pip install --no-index --find-links` of requirements-container.txt with
+    the torch constraint and `pip install -e .` of the project (its build backend from the
+    wheelhouse). torch stays as it was, file for file; every package's dependencies are met; the
+    project and the six packages the H100 container lacked import."""
+    require_index()
+    import torch
+
+    venv, wheels, project = tmp_path / "venv", tmp_path / "wheelhouse", tmp_path / "project"
+    python = venv / "bin" / "python"
+    release = torch.__version__  # the container's torch: this interpreter's release, from where it came
+    # `make wheelhouse` for this Python and torch, while the venv gets its torch (they are independent)
+    with open(tmp_path / "wheelhouse.log", "w") as log:
+        building = subprocess.Popen(["make", "wheelhouse", f"PY={sys.executable}", f"WHEELHOUSE={wheels}",
+                                     f"PYTHON_VERSION={sys.version_info.major}.{sys.version_info.minor}",
+                                     f"CONTAINER_TORCH={release}"],
+                                    cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True, env=pip_environment())
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    # --no-compile here and below: byte-compiling is most of an install's time and plays no part here
+    completed = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-compile", f"torch=={release}"],
+                               capture_output=True, text=True, timeout=900)
+    if completed.returncode != 0 and "No matching distribution" in completed.stderr:
+        building.kill()
+        pytest.skip(f"torch=={release} cannot be installed into a fresh venv here: {completed.stderr.strip()[-300:]}")
+    assert completed.returncode == 0, completed.stderr
+    before = _installed_torch(python)
+    assert building.wait(timeout=1200) == 0, (tmp_path / "wheelhouse.log").read_text()[-3000:]
+    assert not [path.name for path in wheels.glob("torch-*")]
+
+    project.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, project / name)
+    for package in ("models", "training", "scripts"):
+        shutil.copytree(ROOT / package, project / package, ignore=shutil.ignore_patterns("__pycache__"))
+    dead = "http://127.0.0.1:9"  # nothing listens: any download fails
+    offline = {**pip_environment(), "PIP_PROXY": dead, "HTTP_PROXY": dead, "HTTPS_PROXY": dead, "ALL_PROXY": dead,
+               "http_proxy": dead, "https_proxy": dead, "NO_PROXY": "", "no_proxy": ""}
+    keep = subprocess.run([str(python), "-c", 'import importlib.metadata as m; print("torch==" + m.version("torch"))'],
+                          capture_output=True, text=True, check=True).stdout
+    (tmp_path / "keep-torch.txt").write_text(keep)
+    for arguments in (["-c", str(tmp_path / "keep-torch.txt"), "-r", str(CONTAINER)], ["--no-deps", "-e", str(project)]):
+        completed = subprocess.run([str(python), "-m", "pip", "install", "--no-compile", "--no-index", "--find-links",
+                                    str(wheels), *arguments], capture_output=True, text=True, env=offline, cwd=tmp_path,
+                                   timeout=1200)
+        assert completed.returncode == 0, f"{arguments}:\n{completed.stdout[-3000:]}\n{completed.stderr[-3000:]}"
+
+    assert _installed_torch(python) == before
+    completed = subprocess.run([str(python), "-m", "pip", "check"], capture_output=True, text=True, env=offline, timeout=300)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    code = ("import av, deepspeed, diffusers, easydict, hjson, pydantic, torch, models, training.taehv_train;"
+            "print(training.taehv_train.__file__)")
+    completed = subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert completed.stdout.strip().splitlines()[-1] == str(project / "training" / "taehv_train.py")
