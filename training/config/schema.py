@@ -93,7 +93,8 @@ class TrainConfig:
     compile_backend: str = option("inductor", "torch.compile backend when compile=true: inductor (generates kernels), "
                                   "aot_eager or eager (no code generation: checks on machines without a compiler)",
                                   resume_may_change=True)
-    cudnn_benchmark: bool = option(True, "let cuDNN time its convolution algorithms for the training shapes (CUDA only)",
+    cudnn_benchmark: bool = option(True, "let cuDNN time its convolution algorithms for each shape (CUDA only); off "
+                                   "under buckets, whose shapes vary (docs/performance.md#cudnn-autotuning)",
                                    resume_may_change=True)
     lpips_bf16: bool = option(True, "run LPIPS under bf16 autocast when mixed_precision is bf16 (CUDA); else fp32",
                               resume_may_change=True, measured=("memory",))
