@@ -425,10 +425,15 @@ class TAEHV(nn.Module):
                 f"decode_video expects N,T,{self.latent_channels},h,w latents for variant {self.variant}, "
                 f"got shape {tuple(z.shape)}"
             )
-        x = self._finish_decoded(self._run(self.decoder, z, parallel, show_progress_bar))
+        return self.frames_from_decoder(self._run(self.decoder, z, parallel, show_progress_bar), z.shape[1])
+
+    def frames_from_decoder(self, x: torch.Tensor, n_latent_frames: int) -> torch.Tensor:
+        """The decoder's raw output N,T,3p^2,h,w of `n_latent_frames` latents -> the decoded frames
+        (pixel shuffle, clamp to [0, 1], leading and chunk trims): the tail of decode_video."""
+        x = self._finish_decoded(x)
         chunk = self.args.chunk
         if chunk is None:
-            return x[:, self.frames_to_trim :] if self.trims_leading_frames(z.shape[1]) else x
+            return x[:, self.frames_to_trim :] if self.trims_leading_frames(n_latent_frames) else x
         # one sequence through the decoder (memory carried across chunks), trimmed chunk by chunk
         per_chunk = self.args.chunk_decoded_frames
         x = F.pad(x, (0, 0, 0, 0, 0, 0, 0, -x.shape[1] % per_chunk))  # black frames up to whole chunks

@@ -338,8 +338,9 @@ def profile_step_time(config, device: torch.device, steps: int, cached_latents: 
     def step():
         for micro_step in range(window):
             step_latents = latents if cached_latents or reference is None else reference.encode(video)
-            losses = forward_losses(config, student, video.to(dtype), step_latents, lpips)
-            add_seraena_term(config, seraena, losses, update_discriminator=micro_step == window - 1).backward()
+            losses = forward_losses(config, student, video, step_latents, lpips)  # fp32 targets, as the loop
+            add_seraena_term(config, seraena, losses, update_discriminator=micro_step == window - 1,
+                             last_layer=student.last_layer).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 

@@ -96,11 +96,6 @@ def configure_cuda(config: TrainConfig) -> None:
         torch.backends.cudnn.allow_tf32 = True
 
 
-def model_dtype(model):
-    """DeepSpeed bf16/fp16 casts the module itself; inputs follow it, losses stay in fp32."""
-    return next(model.parameters()).dtype
-
-
 def build_model(config: TrainConfig) -> Student:
     if config.pretrained_model_path:
         taehv = TAEHV.from_pretrained(config.pretrained_model_path, variant=student_of(config).variant)
@@ -109,6 +104,8 @@ def build_model(config: TrainConfig) -> Student:
     taehv.set_gradient_checkpointing(config.gradient_checkpointing)
     taehv.set_fast_path(config.channels_last, config.compile_backend if config.compile else "")
     student = Student(taehv.train())
+    if config.adaptive_adversarial:
+        student.tap_last_layer()
     for part in ("encoder", "decoder"):
         module = getattr(taehv, part)
         if not getattr(config, f"train_{part}"):
@@ -142,7 +139,8 @@ def build_seraena(config: TrainConfig, accelerator, taehv: TAEHV):
 
     if config.seraena_weight <= 0:
         return None
-    amp = torch.bfloat16 if accelerator.device.type == "cuda" and config.mixed_precision == "bf16" else None
+    # bf16 autocast on every device of a bf16 run: a CPU test then runs the discriminator as a GPU does
+    amp = torch.bfloat16 if config.mixed_precision == "bf16" else None
     largest = at_largest_bucket(config)  # every slot of the buffer's slab holds the largest entry
     capacity = replay_capacity(largest, taehv.patch_size, taehv.latent_channels)  # within seraena_buffer_gb
     return SeraenaState(taehv.latent_channels, config.seraena_learning_rate, capacity, config.seed,

@@ -13,13 +13,12 @@ import torch
 from training.base.agreement import agree
 from training.base.failures import is_memory_error
 from training.data.clips import DataFailureError
-from training.loop.build import model_dtype
 from training.loop.recovery import TrainingStopped, drop_gradients, step_out_of_memory
 from training.loop.state import TrainingRun
 from training.run.checkpoint_files import complete_checkpoints
 from training.loop.skips import STEP_SKIPS
 from training.config.terms import discriminator_updates
-from training.step.losses import StepLosses, add_seraena_term, decoder_last_layer, forward_losses
+from training.step.losses import StepLosses, add_seraena_term, forward_losses
 
 
 @dataclass
@@ -78,8 +77,8 @@ def compute_locally(run: TrainingRun, batch, window: Window) -> LocalResult:
                 reference_latents = reference_latents_for(run, batch, video, check=False)
                 if reference_latents is not None:
                     local.reference_failed = ~torch.isfinite(reference_latents).all()
-                local.losses = forward_losses(run.config, model, video.to(model_dtype(model)), reference_latents, run.lpips,
-                                              step=run.progress.step)
+                # the fp32 video is every term's target; the student casts its own input (Student.forward)
+                local.losses = forward_losses(run.config, model, video, reference_latents, run.lpips, step=run.progress.step)
         except RuntimeError as error:  # torch.OutOfMemoryError, or cuDNN's and cuBLAS's own allocation failures
             if not is_memory_error(error):
                 raise
@@ -144,7 +143,7 @@ def apply(run: TrainingRun, local: LocalResult, window: Window) -> tuple[dict | 
         try:
             # its discriminator steps once per optimizer step, from its start (training/config/terms.py)
             update = accelerator.sync_gradients and discriminator_updates(config, run.progress.step)
-            last_layer = decoder_last_layer(accelerator.unwrap_model(model).taehv) if config.adaptive_adversarial else None
+            last_layer = accelerator.unwrap_model(model).last_layer  # None unless adaptive_adversarial
             loss = add_seraena_term(config, run.seraena, losses, update_discriminator=update, last_layer=last_layer)
             phase = "backward"
             loss.register_hook(lambda grad: began.append(True))  # autograd reached the loss: the backward began
@@ -174,6 +173,7 @@ def apply(run: TrainingRun, local: LocalResult, window: Window) -> tuple[dict | 
 def reference_latents_for(run: TrainingRun, item: dict, video: torch.Tensor, check: bool = True) -> torch.Tensor | None:
     """From the latent cache when the batch carries them, else the reference VAE; None in autoencoder
     mode. check=False: the caller tests finiteness itself (ReferenceVAE.encode)."""
-    if "latents" in item:
-        return item["latents"].to(video.device, non_blocking=True).reshape(video.shape[0], *item["latents"].shape[-4:])
+    if "latents" in item:  # stored in bf16 or fp16: the targets are fp32
+        latents = item["latents"].to(video.device, non_blocking=True).float()
+        return latents.reshape(video.shape[0], *item["latents"].shape[-4:])
     return run.reference_vae.encode(video, check=check) if run.reference_vae is not None else None

@@ -176,12 +176,12 @@ def measure_step(config, fake: bool = True, batch: int | None = None, height: in
         taehv.set_fast_path(config.channels_last, "")
         for part in ("encoder", "decoder"):  # a frozen part keeps no gradients and saves nothing for a backward
             getattr(taehv, part).requires_grad_(getattr(config, f"train_{part}"))
-        student = Student(taehv)
-        video = torch.rand(shape).to(dtype)
+        student = Student(taehv).tap_last_layer() if config.adaptive_adversarial else Student(taehv)
+        video = torch.rand(shape)  # fp32, the targets' copy, as the loop holds it; the student casts its input
         latents = None
         if config.use_ref_vae:
             with torch.no_grad():
-                latents = torch.randn_like(taehv.encode_video(video).float())
+                latents = torch.randn_like(taehv.encode_video(video.to(dtype)).float())
         lpips = LPIPS() if needs_module(config, "lpips") else None
         seraena = (SeraenaState(taehv.latent_channels, config.seraena_learning_rate, 4, 0, 0, torch.device("cpu"),
                                 torch.bfloat16 if config.mixed_precision == "bf16" else None)
@@ -194,7 +194,7 @@ def measure_step(config, fake: bool = True, batch: int | None = None, height: in
             weights = sum(p.untyped_storage().nbytes() for m in modules for p in m.parameters())
             with torch.autocast("cpu", _training_dtype(config), enabled=autocast):
                 losses = forward_losses(config, student, video, latents, lpips)
-                total = add_seraena_term(config, seraena, losses)
+                total = add_seraena_term(config, seraena, losses, last_layer=student.last_layer)
             total.backward()
             del total, losses
         return weights, tracker.peak

@@ -26,17 +26,83 @@ class Student(nn.Module):
         super().__init__()
         self.taehv = taehv
         self.frozen_weights: dict[str, torch.Tensor] = {}  # fp32 values of frozen parameters (training/loop/build.py)
+        self.last_layer: LastLayerTap | None = None  # set by tap_last_layer (adaptive_adversarial)
+
+    def tap_last_layer(self) -> "Student":
+        """Record the decoder's last convolution in each forward, for adaptive_weight."""
+        self.last_layer = LastLayerTap(self.taehv)
+        return self
 
     def forward(self, video: torch.Tensor, reference_latents: torch.Tensor | None,
                 want_latents: bool, want_roundtrip: bool, want_reference_decode: bool) -> dict:
+        """video: N,T,3,H,W in [0, 1], fp32 (the targets' copy); reference_latents fp32. Both are
+        cast here, where they enter the model, to the dtype its weights are in (bf16 under a bf16
+        DeepSpeed engine): nothing outside the student sees a bf16 copy of the video."""
+        dtype = next(self.taehv.parameters()).dtype
+        decode = self.last_layer.decode if self.last_layer is not None else lambda name, z: self.taehv.decode_video(z)
+        if self.last_layer is not None:
+            self.last_layer.release()
         outputs = {}
         if want_latents or want_roundtrip:
-            outputs["latents"] = self.taehv.encode_video(video)
+            outputs["latents"] = self.taehv.encode_video(video.to(dtype))
         if want_roundtrip:
-            outputs["roundtrip"] = self.taehv.decode_video(outputs["latents"])
+            outputs["roundtrip"] = decode("roundtrip", outputs["latents"])
         if want_reference_decode:
-            outputs["reference_decode"] = self.taehv.decode_video(reference_latents.to(video.dtype))
+            outputs["reference_decode"] = decode("reference_decode", reference_latents.to(dtype))
         return outputs
+
+
+class LastLayerTap:
+    """What adaptive_weight needs of the decoder's last convolution W, recorded in each forward: the
+    input of W in each decode (a forward hook that records only inside Student.forward, not in a
+    checkpointed recompute), by the name of the output that decode made.
+
+    d loss / d W is then found without the engine seeing a backward: autograd stops at the loss's
+    views of the student's outputs (StepLosses.outputs), and the last layer and the tail of
+    decode_video are replayed on a detached copy of W. DeepSpeed hooks the outputs of its forward
+    and every parameter: a torch.autograd.grad that crosses either starts the engine's backward
+    bookkeeping outside engine.backward (its gradient reduction then fails: IndexError in
+    reduce_ipg_grads). The values are those of autograd.grad with respect to W itself."""
+
+    def __init__(self, taehv: TAEHV):
+        self.taehv = taehv
+        self.conv = decoder_last_conv(taehv)
+        self.calls: dict[str, tuple[torch.Tensor, int, int]] = {}  # output name -> (input of W, N, latent frames)
+        self.decoding: tuple[str, int, int] | None = None  # set by Student.forward around each decode
+        self.conv.register_forward_hook(self._record)
+
+    def _record(self, module, inputs, output) -> None:
+        if self.decoding is not None and output.requires_grad:
+            name, n, latent_frames = self.decoding
+            self.calls[name] = (inputs[0], n, latent_frames)
+
+    def decode(self, name: str, latents: torch.Tensor) -> torch.Tensor:
+        self.decoding = (name, latents.shape[0], latents.shape[1])
+        try:
+            return self.taehv.decode_video(latents)
+        finally:
+            self.decoding = None
+
+    def weight_gradient(self, loss: torch.Tensor, outputs: dict) -> torch.Tensor | None:
+        """d loss / d W, summed over the recorded decodes; `outputs`: the loss's views of the
+        student's outputs, by name. None when the loss reaches none of them."""
+        names = [name for name in self.calls if name in outputs]
+        gradients = torch.autograd.grad(loss, [outputs[name] for name in names], retain_graph=True, allow_unused=True)
+        weight, bias = self.conv.weight.detach().requires_grad_(), self.conv.bias
+        total = None
+        for name, gradient in zip(names, gradients):
+            if gradient is None:
+                continue
+            inputs, n, latent_frames = self.calls[name]
+            with torch.enable_grad():
+                raw = self.conv._conv_forward(inputs.detach(), weight, None if bias is None else bias.detach())
+                frames = self.taehv.frames_from_decoder(raw.reshape(n, -1, *raw.shape[1:]), latent_frames)
+                (part,) = torch.autograd.grad(frames, weight, gradient.to(frames.dtype))
+            total = part if total is None else total + part
+        return total
+
+    def release(self) -> None:
+        self.calls = {}
 
 
 def pixel_loss(kind: str, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -61,6 +127,7 @@ class StepLosses:
     logged: dict
     seraena_inputs: tuple | None = None  # (input video, decoded frames with their graph, latent context)
     weights: dict | None = None  # {term: its scheduled weight in this step} (training/config/terms.py weight_at)
+    outputs: dict | None = None  # the student's outputs as the terms read them (views: LastLayerTap stops there)
 
     def nonfinite(self) -> torch.Tensor:
         """A 0-dim bool tensor on the device, for agree(): reading it here would wait for the GPU."""
@@ -71,7 +138,7 @@ class StepLosses:
 
 
 def _latent_mse(config, latents, video, reference_latents, lpips):
-    return F.mse_loss(latents.float(), reference_latents)
+    return F.mse_loss(latents.float(), reference_latents.float())
 
 
 def _pixels(config, decoded, video, reference_latents, lpips):
@@ -91,7 +158,7 @@ def _perceptual(config, decoded, video, reference_latents, lpips):
 
 def _temporal(config, decoded, video, reference_latents, lpips):
     decoded = decoded.float()
-    return pixel_loss(config.pixel_loss, frame_changes(decoded), frame_changes(aligned(video, decoded).float()))
+    return pixel_loss(config.pixel_loss, frame_changes(decoded), frame_changes(aligned(video, decoded)))
 
 
 # the formula of each local term, by name; what it reads and needs is its record in training/config/terms.py
@@ -101,7 +168,9 @@ TERM_LOSSES = {"encoder": _latent_mse, "decoder": _pixels, "reconstruction": _pi
 
 def forward_losses(config, student, video: torch.Tensor, reference_latents: torch.Tensor | None,
                    lpips: nn.Module | None = None, step: int | None = None) -> StepLosses:
-    """The student's forward and every loss term that needs no other rank. No collective runs
+    """The student's forward and every loss term that needs no other rank. `video` (N,T,3,H,W in
+    [0, 1]) and `reference_latents` are fp32: they are the targets, and every term compares fp32
+    with fp32 (one dtype per loss kernel, as CUDA requires); the student casts its own input. No collective runs
     here (training/base/agreement.py): Seraena's term, whose discriminator update all-reduces, is
     added by add_seraena_term once every rank agreed the step is good. `step`: the optimizer step
     whose schedules weigh the terms (None: every term at its full weight). A term scheduled to
@@ -113,6 +182,7 @@ def forward_losses(config, student, video: torch.Tensor, reference_latents: torc
     needs = student_needs(config, distill)
     outputs = student(video, reference_latents, want_latents=needs.latents, want_roundtrip=needs.roundtrip,
                       want_reference_decode=needs.reference_decode)
+    outputs = {name: output.view_as(output) for name, output in outputs.items()}  # see LastLayerTap
     terms, seraena_inputs = {}, None
     for term in active_terms(config, distill):  # in the table's order: the total's sum as before
         read = outputs[source(term, distill)]
@@ -127,18 +197,18 @@ def forward_losses(config, student, video: torch.Tensor, reference_latents: torc
         logged.update({f"{name}_weight": torch.tensor(weight) for name, weight in weights.items()})
     logged["loss"] = total.detach()
     if shown is not None:  # nothing is decoded when only the encoder term is on
-        logged["psnr"] = psnr(shown.detach(), aligned(video, shown)).mean()
-    return StepLosses(total, logged, seraena_inputs, weights)
+        logged["psnr"] = psnr(shown.detach().float(), aligned(video, shown)).mean()
+    return StepLosses(total, logged, seraena_inputs, weights, outputs)
 
 
 def add_seraena_term(config, seraena: "SeraenaState | None", losses: StepLosses, update_discriminator: bool = True,
-                     last_layer: torch.Tensor | None = None) -> torch.Tensor:
+                     last_layer: LastLayerTap | None = None) -> torch.Tensor:
     """The total with Seraena's term added (its discriminator step all-reduces across ranks: call
     it on every rank, after the agreement, or on none; every rank takes the same branch, the
     weight and the update being functions of the step). The loop updates the discriminator on the
     last micro-step of each optimizer step from discriminator_start_step on. Before the term's
-    schedule starts, the discriminator may warm up alone. last_layer: the decoder's last weight,
-    for adaptive_adversarial."""
+    schedule starts, the discriminator may warm up alone. last_layer: the student's tap of the
+    decoder's last convolution (Student.tap_last_layer), for adaptive_adversarial."""
     if seraena is None or losses.seraena_inputs is None:
         return losses.total
     weight = losses.weights["seraena"] if losses.weights is not None else config.seraena_weight
@@ -151,7 +221,7 @@ def add_seraena_term(config, seraena: "SeraenaState | None", losses: StepLosses,
     losses.logged["seraena"] = term.detach()
     log_seraena_stats(seraena, losses.logged)
     if config.adaptive_adversarial:
-        scale = adaptive_weight(losses.total, term, last_layer, config.adaptive_weight_max)
+        scale = adaptive_weight(losses.total, term, last_layer, losses.outputs, config.adaptive_weight_max)
         losses.logged["seraena_adaptive_weight"] = scale
         weight = weight * scale
     total = losses.total + weight * term
@@ -165,24 +235,26 @@ def log_seraena_stats(seraena: "SeraenaState", logged: dict) -> None:
     seraena.seraena.last_stats = {}
 
 
-def adaptive_weight(reconstruction: torch.Tensor, adversarial: torch.Tensor, last_layer: torch.Tensor,
-                    clamp: float) -> torch.Tensor:
+def adaptive_weight(reconstruction: torch.Tensor, adversarial: torch.Tensor, last_layer: LastLayerTap,
+                    outputs: dict, clamp: float) -> torch.Tensor:
     """VQGAN's adaptive weight: ||d rec / d W|| / ||d adv / d W|| on the decoder's last layer W,
     clamped to [0, clamp], detached (a 0-dim tensor on the device: no sync). The adversarial
     term then pulls on W as hard as the reconstruction terms do. Local: autograd.grad reduces
-    nothing across ranks."""
-    rec_grad, adv_grad = (torch.autograd.grad(loss, last_layer, retain_graph=True, allow_unused=True)[0]
-                          for loss in (reconstruction, adversarial))
+    nothing across ranks, and no engine's backward hook runs (LastLayerTap). `outputs`: the
+    terms' views of the student's outputs (StepLosses.outputs)."""
+    try:
+        rec_grad, adv_grad = (last_layer.weight_gradient(loss, outputs) for loss in (reconstruction, adversarial))
+    finally:
+        last_layer.release()
     if rec_grad is None or adv_grad is None:  # no reconstruction term reaches W: the configured weight alone
         return torch.ones((), device=adversarial.device)
     ratio = rec_grad.float().norm() / (adv_grad.float().norm() + 1e-4)
     return ratio.clamp(0.0, clamp).detach()
 
 
-def decoder_last_layer(taehv: TAEHV) -> torch.Tensor:
-    """The weight of the decoder's last convolution (what adaptive_weight measures on)."""
-    convolutions = [m for m in taehv.decoder.modules() if isinstance(m, nn.Conv2d)]
-    return convolutions[-1].weight
+def decoder_last_conv(taehv: TAEHV) -> nn.Conv2d:
+    """The decoder's last convolution (what adaptive_weight measures on)."""
+    return [m for m in taehv.decoder.modules() if isinstance(m, nn.Conv2d)][-1]
 
 
 def compute_losses(config, student, video: torch.Tensor, reference_latents: torch.Tensor | None,
@@ -190,5 +262,4 @@ def compute_losses(config, student, video: torch.Tensor, reference_latents: torc
     """Total weighted loss and the detached terms for logging, in one call (one process, or
     callers that know every rank's forward succeeded)."""
     losses = forward_losses(config, student, video, reference_latents, lpips)
-    last_layer = decoder_last_layer(student.taehv) if config.adaptive_adversarial else None
-    return add_seraena_term(config, seraena, losses, last_layer=last_layer), losses.logged
+    return add_seraena_term(config, seraena, losses, last_layer=student.last_layer), losses.logged
