@@ -162,14 +162,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="the newest manylinux tag the container runs (its glibc and CPU); older ones are added")
     parser.add_argument("--requirements", type=Path, default=REQUIREMENTS)
     args = parser.parse_args(argv)
-    if not re.fullmatch(r"3\.\d+", args.python_version):
+    found = re.fullmatch(r"(3\.\d+)(\.\d+)?", args.python_version)  # 3.12.7: Docker's python images set PYTHON_VERSION so
+    if not found:
         raise SystemExit(f"--python-version {args.python_version}: expected 3.N, e.g. 3.12")
+    args.python_version = found.group(1)
     import pip
 
     if Version(pip.__version__) < Version(OLDEST_PIP):
         raise SystemExit(f"pip {pip.__version__} of {sys.executable} resolves for this Python, not for --python-version: "
                          f"pip {OLDEST_PIP} or newer is needed (`{sys.executable} -m pip install -U pip`, or run `make setup` "
                          "first: make wheelhouse then uses .venv)")
+    if not re.fullmatch(r"\d+\.\d+(\.\d+)?\S*", args.torch):
+        raise SystemExit(f"--torch {args.torch}: expected the container's torch release, e.g. 2.11.0 "
+                         "(python -c 'import torch; print(torch.__version__)' there)")
     torch = Version(args.torch).base_version
     args.out.mkdir(parents=True, exist_ok=True)
     lines = top_level(args.requirements)
@@ -179,8 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     fetch = [f"{name}=={item['metadata']['version']}" for name, item in sorted(wheels.items()) if name not in BUILT_HERE]
     run_pip("download", "--no-deps", "--quiet", "--dest", str(args.out), *target_options(args.python_version, args.platform),
             "--find-links", str(args.out), *fetch)
-    files = sorted(path.name for path in args.out.glob("*.whl"))
-    print(f"{args.out}: {len(files)} wheels for CPython {args.python_version} on {args.platform} and older, "
+    print(f"{args.out}: {len(wheels)} wheels for CPython {args.python_version} on {args.platform} and older, "
           f"resolved with torch {torch} kept (not included)")
     return 0
 

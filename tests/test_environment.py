@@ -1,6 +1,7 @@
 """The GPU environment (environment.yml) installs in one pip pass, with the tested torch and nothing
 that needs a compiler; flash-attn and xformers are not part of it; `make gpu-check` uses a conda env
-only when it is the project's (issue 31).
+only when it is the project's (issue 31); a PyTorch container's torch is kept by an offline install
+from `make wheelhouse` (issue 38).
 
 The resolving tests ask the package index (`pip install --dry-run --report`, nothing installed) and
 skip, saying why, when it cannot be reached. They ignore this machine's pip configuration (its
