@@ -1,5 +1,5 @@
 """TAEHV variants as plain data (no torch import): the launcher's config check reads them in a
-process that never builds a model, and models/taehv.py builds modules from them."""
+process that never builds a model, and models/taehv/ builds modules from them."""
 
 from __future__ import annotations
 

@@ -38,7 +38,8 @@ def step_tflops_by_part(config) -> dict[str, float]:
 
     keys = measured_keys("flops")  # declared with option(..., measured=(..., "flops")) in training/config/schema.py
     return cached_measurement("step_flops_by_part", config, keys,
-                              ("training/plan/step_flops.py", "training/config/terms.py", "models/taehv.py",
+                              ("training/plan/step_flops.py", "training/config/terms.py", "models/taehv/blocks.py",
+                               "models/taehv/runners.py", "models/taehv/model.py",
                                "models/variants.py"), count)
 
 

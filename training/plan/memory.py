@@ -235,7 +235,8 @@ MEASURED_KEYS = measured_keys("memory")
 
 
 MEASURING_CODE = ("training/plan/memory.py", "training/step/losses.py", "training/config/terms.py", "training/step/seraena.py",
-                  "models/taehv.py", "models/variants.py", "models/seraena.py", "models/metrics.py", "models/reference_vae.py",
+                  "models/taehv/blocks.py", "models/taehv/runners.py", "models/taehv/model.py",
+                  "models/variants.py", "models/seraena.py", "models/metrics.py", "models/reference_vae.py",
                   "models/reference_families.py", "models/vae_geometry.py")
 
 
