@@ -20,6 +20,18 @@ import torch
 
 from models.evaluation import BASELINE_NAME, SourceWarps, Speed, block_average_round_trip, clip_metrics, mean_of, notes
 from models.metrics import opencv_missing
+from scripts.evaluation_inputs import (
+    DTYPES,
+    REFERENCE,
+    clip_paths,
+    code_version,
+    held_out_clips,
+    load_model,
+    lpips_or_reason,
+    progress_over,
+    read_video,
+    student_round_trip,
+)
 from scripts.evaluation_report import number, write_json
 
 # the chart's panels: (key, axis label, higher is better)
@@ -45,14 +57,12 @@ class Contender:
 
 
 def taehv_contender(name: str, args, device: torch.device) -> Contender:
-    import inference
-
-    model, weights = inference.load_model(Path(name), args.variant)
-    model = model.to(device=device, dtype=inference.DTYPES[args.dtype]).eval()
+    model, weights = load_model(Path(name), args.variant)
+    model = model.to(device=device, dtype=DTYPES[args.dtype]).eval()
     info = {"path": str(weights), "variant": model.variant, "parameters": sum(p.numel() for p in model.parameters()),
             "decoder_parameters": sum(p.numel() for p in model.decoder.parameters()), "dtype": args.dtype}
     return Contender(name, "taehv", info, 8 * model.patch_size,
-                     lambda video, speed: inference.student_round_trip(model, video, speed, inference.DTYPES[args.dtype], args.streaming),
+                     lambda video, speed: student_round_trip(model, video, speed, DTYPES[args.dtype], args.streaming),
                      Speed(device))
 
 
@@ -84,13 +94,12 @@ def device_name(device: torch.device) -> str:
 def compare(args, device: torch.device) -> int:
     """Load every model, read each clip once, reconstruct it with each (a first untimed round trip
     per model warms it up), then write the table, the JSON and the chart. Exit codes as inference.py."""
-    import inference
     from training.data.decode import ClipError
 
     try:
-        contenders = [reference_contender(args, device) if name == inference.REFERENCE else taehv_contender(name, args, device)
+        contenders = [reference_contender(args, device) if name == REFERENCE else taehv_contender(name, args, device)
                       for name in args.compare]
-        paths = inference.clip_paths(args.videos) if args.videos else inference.held_out_clips(args.held_out_of)
+        paths = clip_paths(args.videos) if args.videos else held_out_clips(args.held_out_of)
     except (FileNotFoundError, ValueError, RuntimeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -99,12 +108,12 @@ def compare(args, device: torch.device) -> int:
     if not args.native and (args.height % multiple or args.width % multiple):
         print(f"error: --height/--width must be multiples of {multiple} for {', '.join(args.compare)}", file=sys.stderr)
         return 2
-    lpips, lpips_unavailable = inference.lpips_or_reason(args, device)
+    lpips, lpips_unavailable = lpips_or_reason(args, device)
     args.out.mkdir(parents=True, exist_ok=True)
     paths, skipped, evaluated, warmed, start = paths[: args.num_samples], [], [], False, time.perf_counter()
-    for path in inference.progress_over(paths):
+    for path in progress_over(paths):
         try:
-            _, _, video = inference.read_video(path, args, multiple, device)
+            _, _, video = read_video(path, args, multiple, device)
         except ClipError as error:
             skipped.append({"path": str(path), "reason": error.reason})
             continue
@@ -124,7 +133,7 @@ def compare(args, device: torch.device) -> int:
         "inputs": {"videos": args.videos or f"held out by {args.held_out_of}", "clips_found": len(paths), "frames": args.frames,
                    "stride": args.stride, "height": args.height, "width": args.width, "native": args.native,
                    "streaming": args.streaming, "device": str(device), "device_name": device_name(device), "dtype": args.dtype,
-                   "code_version": inference.code_version()},
+                   "code_version": code_version()},
         "clips": evaluated,
         "skipped": skipped,
         "models": models,

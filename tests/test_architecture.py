@@ -4,6 +4,7 @@ pyproject.toml) hold for the code, and fail when an upward import is added; no m
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shutil
@@ -56,3 +57,54 @@ def test_only_the_fault_injection_module_reads_fault_settings():
     readers = [str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "training").rglob("*.py")
                if re.search(r"TAEHV_FAULT_", p.read_text())]
     assert readers == ["training/loop/fault_injection.py"]
+
+
+def import_graph(paths: list[Path]) -> dict[str, set[str]]:
+    """Module -> the project's modules it imports anywhere: top level, inside functions, and under
+    `if TYPE_CHECKING:` (a type-only import still makes two files depend on each other)."""
+    modules = {".".join(p.relative_to(REPO_ROOT).with_suffix("").parts).removesuffix(".__init__"): p for p in paths}
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: `from .x import y` in package a.b is a.b.x
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                targets |= {f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names}
+        graph[name] = {target for target in targets if target in modules and target != name}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[str]:
+    """Every import a -> b from which a can be reached back, as the shortest chain a -> b -> ... -> a."""
+    cycles = []
+    for start in sorted(graph):
+        for first in sorted(graph[start]):
+            came_from, frontier = {first: None}, [first]
+            while frontier and start not in came_from:  # breadth first: the shortest way back
+                reached = []
+                for module in frontier:
+                    for target in sorted(graph[module] - came_from.keys()):
+                        came_from[target] = module
+                        reached.append(target)
+                frontier = reached
+            if start in came_from:
+                chain, module = [], start
+                while module is not None:
+                    chain.append(module)
+                    module = came_from[module]
+                cycles.append(" -> ".join([start, *reversed(chain)]))
+    return cycles
+
+
+def python_files(*roots: str) -> list[Path]:
+    return [p for root in roots for p in ([REPO_ROOT / root] if root.endswith(".py") else (REPO_ROOT / root).rglob("*.py"))]
+
+
+def test_no_two_modules_import_each_other():
+    """inference.py and the scripts it uses (compare_models, evaluation_inputs) import one way."""
+    assert import_cycles(import_graph(python_files("scripts", "inference.py"))) == []
