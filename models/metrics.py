@@ -64,6 +64,11 @@ def frames(video: torch.Tensor) -> torch.Tensor:
     return video.flatten(0, 1) if video.dim() == 5 else video
 
 
+def aligned(video: torch.Tensor, decoded: torch.Tensor) -> torch.Tensor:
+    """The first frames of `video`, as many as `decoded` has: what a decode is compared with."""
+    return video[:, : decoded.shape[1]]
+
+
 def psnr(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     mse = (prediction.float() - target.float()).pow(2).flatten(1).mean(1).clamp_min(1e-10)
     return -10 * torch.log10(mse)

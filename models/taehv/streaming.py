@@ -6,15 +6,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 
+from models.taehv.model import TAEHV
 from models.taehv.runners import SequentialRunner
-
-if TYPE_CHECKING:
-    from models.taehv.model import TAEHV
 
 
 _NEW_CHUNK = object()  # marker in the encoder's queue: the next frames start a chunk from empty memory

@@ -1,5 +1,7 @@
 """Weight files: reading .pth / .safetensors state dicts, model_info.json and the safetensors
-metadata beside or in them, and the construction arguments inferred from tensor shapes alone."""
+metadata beside or in them, and the construction arguments inferred from tensor shapes alone.
+The model imports this module to load its files, so the model these functions take is typed as an
+nn.Module (it is a TAEHV): this module never imports the model back."""
 
 from __future__ import annotations
 
@@ -8,16 +10,12 @@ import re
 import warnings
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
+import torch.nn as nn
 
 from models.taehv.blocks import TGrow
 from models.variants import BASE_LAYOUT_WIDTHS, VARIANTS, TAEHVArgs
-
-if TYPE_CHECKING:  # the model imports this module to load files; annotations only
-    from models.taehv.model import TAEHV
-
 
 MODEL_INFO_FILENAME = "model_info.json"
 
@@ -40,7 +38,7 @@ def load_state_dict_file(path: Path) -> dict[str, torch.Tensor]:
     return state_dict
 
 
-def args_metadata(model: TAEHV) -> dict[str, str]:
+def args_metadata(model: nn.Module) -> dict[str, str]:
     """safetensors metadata that makes the file alone say what it is (a variant built for a VAE
     has no name that shapes could tell)."""
     return {"taehv_model_args": json.dumps(model.args.to_json_dict())}
@@ -64,7 +62,7 @@ def read_model_info(weights_path: Path) -> TAEHVArgs | None:
     return TAEHVArgs.from_json_dict(info["model_args"])
 
 
-def write_model_info(model: TAEHV, directory: Path, **extra) -> Path:
+def write_model_info(model: nn.Module, directory: Path, **extra) -> Path:
     """model_info.json: the construction arguments plus any extra fields (step, metrics, ...)."""
     path = Path(directory) / MODEL_INFO_FILENAME
     path.write_text(json.dumps({"model_args": model.args.to_json_dict(), **extra}, indent=2))
@@ -138,7 +136,7 @@ def variant_named_by_file(path: Path | str, candidates: list[str]) -> str | None
     return max(named, key=len) if named else None
 
 
-def narrow_tgrow_weights(model: TAEHV, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def narrow_tgrow_weights(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A checkpoint trained with time upscaling, loaded where that TGrow is disabled: keep the
     output channels of the last time step (they are what a stride-1 TGrow would emit)."""
     target = model.state_dict()

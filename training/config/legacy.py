@@ -21,8 +21,15 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from models.reference_families import FRAME_RULES
-from training.config.load import read_accelerate_file
-from training.config.schema import ACCELERATE_CONFIG_DIR, FIELD_TYPES, SETTABLE_KEYS, ConfigError, TrainConfig, tagged
+from training.config.schema import (
+    ACCELERATE_CONFIG_DIR,
+    FIELD_TYPES,
+    SETTABLE_KEYS,
+    ConfigError,
+    TrainConfig,
+    read_accelerate_file,
+    tagged,
+)
 from training.config.views import valid_frame_counts
 
 

@@ -18,7 +18,6 @@ from training.base.files import write_json
 from training.config.recipes import recipe_values
 from training.config.rules import _names_a_class, validate
 from training.config.schema import (
-    ACCELERATE_CONFIG_DIR,
     CAPPED_TO_MAX_STEPS,
     DERIVED_KEYS,
     FIELD_TYPES,
@@ -26,6 +25,7 @@ from training.config.schema import (
     SETTABLE_KEYS,
     ConfigError,
     TrainConfig,
+    read_accelerate_file,
     tagged,
 )
 from training.config.views import student_of
@@ -253,12 +253,6 @@ def load_config(
     """Profile -> overrides -> validation -> derived values. Raises ConfigError with one line."""
     values, set_values, _ = launch_values(profile_or_path, overrides)
     return build_config(values, num_processes, check_paths, "max_steps" in set_values, notes)
-
-
-def read_accelerate_file(accelerate_config: str) -> dict:
-    import yaml
-
-    return yaml.safe_load((ACCELERATE_CONFIG_DIR / accelerate_config).read_text())
 
 
 def resolve(c: TrainConfig) -> None:

@@ -21,6 +21,13 @@ PROFILE_DIR = REPO_ROOT / "training" / "configs"
 ACCELERATE_CONFIG_DIR = REPO_ROOT / "accelerate_configs"
 
 
+def read_accelerate_file(accelerate_config: str) -> dict:
+    """The accelerate config file a config names (in accelerate_configs/), as a dict."""
+    import yaml
+
+    return yaml.safe_load((ACCELERATE_CONFIG_DIR / accelerate_config).read_text())
+
+
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from training.data.index import ClipIndex
+from training.data.index import ClipIndex, DataFailureError
 
 
 def displayed_aspects(index: ClipIndex) -> np.ndarray:
@@ -80,8 +80,6 @@ class BucketBatchSampler(Sampler):
         self.groups_per_bucket = [count // self.group for count in counts]
         self.batches_per_epoch = sum(self.groups_per_bucket)
         if self.batches_per_epoch == 0:
-            from training.data.clips import DataFailureError
-
             names = [f"{h}x{w}" for h, w in shapes] if shapes else [str(i) for i in range(len(counts))]
             held = ", ".join(f"{name} {count}" for name, count in zip(names, counts))
             raise DataFailureError(f"no bucket holds the {self.group} training clips one micro-step takes (batch_size_per_gpu "
@@ -145,8 +143,6 @@ def require_sizes(index: ClipIndex, buckets) -> None:
     """Buckets sort clips by their sizes: an index with none (a folder listing) would put every clip
     in one bucket, so that is refused in one line (a few clips without sizes are not; see assign_buckets)."""
     if len(index) and np.isnan(displayed_aspects(index)).all():
-        from training.data.clips import DataFailureError
-
         shapes = ", ".join(f"{h}x{w}" for h, w in buckets)
         raise DataFailureError(f"buckets {shapes} need each clip's width and height, and the index of {index.root} has none "
                                f"(a folder listing): {sizes_fix(index.root)}")

@@ -14,13 +14,9 @@ from torch.utils.data import Dataset, Sampler
 from training.data.buckets import assign_buckets, require_sizes
 from training.data.shared_memory import SharedMemoryFull
 from training.data.decode import ClipError, read_clip, resize_and_crop, zoomed_crop
-from training.data.index import ClipIndex
+from training.data.index import ClipIndex, DataFailureError
 
 SKIP_REASONS = ("open_error", "no_video_stream", "decode_error", "too_short", "no_frames")
-
-
-class DataFailureError(RuntimeError):
-    """Too many clip draws failed: the dataset needs fixing, not more retries."""
 
 
 @dataclass

@@ -22,6 +22,10 @@ class IndexFormatError(ValueError):
     """An index file that cannot be read; the message names the file and line."""
 
 
+class DataFailureError(RuntimeError):
+    """Too many clip draws failed: the dataset needs fixing, not more retries."""
+
+
 class ClipIndex:
     """Relative paths (one UTF-8 blob + offsets) and per-clip metadata in numpy arrays.
     Unknown values are -1 (frames, width, height) or 0 (fps). The root is a folder or an

@@ -4,18 +4,15 @@ ranks (add_seraena_term)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.metrics import psnr
+from models.metrics import aligned, psnr
 from models.taehv import TAEHV
 from training.config.terms import active_terms, source, student_needs, term_weights
-
-if TYPE_CHECKING:
-    from training.step.seraena import SeraenaState
+from training.step.seraena import SeraenaState
 
 
 class Student(nn.Module):
@@ -107,10 +104,6 @@ class LastLayerTap:
 
 def pixel_loss(kind: str, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return F.l1_loss(prediction, target) if kind == "l1" else F.mse_loss(prediction, target)
-
-
-def aligned(video: torch.Tensor, decoded: torch.Tensor) -> torch.Tensor:
-    return video[:, : decoded.shape[1]]
 
 
 def frame_changes(video: torch.Tensor) -> torch.Tensor:

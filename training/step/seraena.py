@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from models.metrics import aligned
 from models.seraena import Seraena, group_frames, video_context
-from training.step.losses import aligned
 
 COLLAPSED_LOSS = 1e-3  # MSE of the scores against +-1: below it the discriminator tells every fake apart
 
