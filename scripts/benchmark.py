@@ -23,14 +23,17 @@ Every number is printed as JSON with the device and the command line; no targets
 With --profile NAME (h100, 1gpu_h100, a800, cpu, ...): the training micro-step of that profile,
 at its shape, precision and loss terms, instead of the sections above:
 
-    python -m scripts.benchmark --profile h100 --dry-run     # FLOPs of the whole step, nothing run
+    python -m scripts.benchmark --profile h100 --dry-run     # FLOPs and bytes of the whole step, nothing run
     python -m scripts.benchmark --profile h100 --json h100.json   # on a GPU: timed, clips/s, MFU
 
-FLOPs per part (training/plan/step_flops.py: student, LPIPS, Seraena, reference VAE) and of the
-student alone; the timed step runs the loop's own forward_losses/add_seraena_term, backward and
-AdamW in the training dtype, with the reference VAE's published architecture (random weights) in
-bf16 on the fly, or without it (`--latents cached`, as with a latent cache). MFU is given against
-the device's spec dense bf16 peak (SPEC_PEAK_FLOPS) and against the measured peak (the faster of a
+FLOPs and bytes moved per part (training/plan/step_flops.py: student, LPIPS, Seraena, reference VAE,
+optimizer) and of the student alone, with each part's roofline floor, max(FLOPs / peak, bytes /
+bandwidth), on this GPU's spec figures or an H100 SXM's (training/plan/roofline.py DEVICE_SPECS),
+printed on stderr beside the measured step (`predicted_floor_s`, `step_over_floor`); the timed
+step runs the loop's own forward_losses/add_seraena_term, backward and AdamW in the training
+dtype, with the reference VAE's published architecture (random weights) in bf16 on the fly, or
+without it (`--latents cached`, as with a latent cache). MFU is given against
+the device's spec dense bf16 peak (DEVICE_SPECS) and against the measured peak (the faster of a
 large matmul and a large convolution in the step's dtype, measured before and after the step), each
 labelled; the headline is clips/s per GPU. Strategy comparisons (DDP vs ZeRO) need 2+ GPUs and
 are skipped with that reason otherwise.
@@ -281,18 +284,17 @@ def distillation_step_times(args, device: torch.device, data_root: Path) -> dict
                 "on_the_fly_vs_student_only": times["on_the_fly"] / times["student_only"]}
 
 
-# dense bf16 tensor-core peaks from the vendors' spec sheets, FLOP/s (no sparsity)
-SPEC_PEAK_FLOPS = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "A800": 312e12, "A100": 312e12}
-
-
 def spec_peak_flops(device: torch.device) -> tuple[float | None, str]:
+    """The device's spec dense bf16 peak (training/plan/roofline.py DEVICE_SPECS) and its label."""
+    from training.plan.roofline import spec_for
+
     if device.type != "cuda":
         return None, "no spec peak for a CPU"
     name = torch.cuda.get_device_name(device)
-    for key, peak in SPEC_PEAK_FLOPS.items():  # the more specific names first
-        if key in name:
-            return peak, f"{key} spec dense bf16 ({peak / 1e12:.0f} TFLOP/s)"
-    return None, f"no spec peak known for {name}"
+    spec = spec_for(name)
+    if spec is None:
+        return None, f"no spec peak known for {name}"
+    return spec.peak_flops, f"{spec.name} spec dense bf16 ({spec.peak_flops / 1e12:.0f} TFLOP/s)"
 
 
 def profile_config(args):
@@ -350,14 +352,19 @@ def profile_step_time(config, device: torch.device, steps: int, cached_latents: 
 
 
 def profile_benchmark(args) -> dict:
-    from training.plan.step_flops import step_flops
+    from training.plan.roofline import H100, floors, spec_for
+    from training.plan.step_flops import step_costs
 
     config = profile_config(args)
     cached = args.latents == "cached"
     if cached:
         config.latent_cache = "(benchmark: latents in memory)"
-    flops = step_flops(config)
+    costs = step_costs(config)
+    flops = {part: cost["flops"] for part, cost in costs.items()}
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    # the floors on this GPU when the table knows it, else on the H100 SXM the profiles are planned for
+    floor_spec = (spec_for(torch.cuda.get_device_name(device)) if device.type == "cuda" else None) or H100
+    floor = floors(costs, floor_spec)
     peak, peak_label = spec_peak_flops(device)
     batch = config.batch_size_per_gpu
     result = {
@@ -372,9 +379,15 @@ def profile_benchmark(args) -> dict:
         "flops_per_micro_step": flops,
         "student_flops_per_micro_step": flops["student"],
         "clips_per_s_per_gpu_at_989_tflops": batch / (flops["total"] / 989e12),
+        "bytes_per_micro_step": {part: cost["bytes"] for part, cost in costs.items()},
+        "student_bytes_per_micro_step": costs["student"]["bytes"],
+        # max(FLOPs / peak, bytes / bandwidth) per part, the total the sum (training/plan/roofline.py)
+        "predicted_floor_s": floor,
+        "floor_device": floor_spec.label(),
+        "clips_per_s_per_gpu_at_floor": batch / floor["total"],
     }
     if args.dry_run:
-        result["device"] = "none (dry run: FLOPs counted on the meta device, nothing run)"
+        result["device"] = "none (dry run: FLOPs and bytes counted on the meta device, nothing run)"
         return result
     # the step's dtypes: the student's, and on a CPU the reference VAE's fp32 (profile_step_time)
     dtypes = tuple({torch.bfloat16 if config.mixed_precision == "bf16" else torch.float32,
@@ -394,12 +407,27 @@ def profile_benchmark(args) -> dict:
         "mfu_vs_measured_peak": achieved / measured_peak,
         "measured_peak_flops_per_s": measured_peak,
         "measured_peak_kernel": measured_label,
+        "step_over_floor": step_s / floor["total"],
         "strategies": (("skipped: " if torch.cuda.device_count() < 2 else "not run here: ")
                        + f"DDP vs ZeRO comparisons need 2+ GPUs ({torch.cuda.device_count()} visible); "
                        "run ./train_taehv_h100.sh 8 h100 --set accelerate_config=ddp_gpu_bf16.yaml and compare "
                        "train/samples_per_second"),
     })
     return result
+
+
+def print_floors(result: dict) -> None:
+    """Each part's roofline floor, and beside the whole step's the measured time where it ran (per-part
+    times are not measured here: the step is timed whole)."""
+    from training.plan.roofline import PART_NAMES, shown
+
+    print(f"roofline floors on {result['floor_device']}, per micro-step:", file=sys.stderr)
+    for part, floor in result["predicted_floor_s"].items():
+        measured = (f"   measured {shown(result['step_s'] * 1e3):>8} ms ({result['step_over_floor']:.1f}x the floor, "
+                    f"{result['device']})" if part == "total" and "step_s" in result else "")
+        print(f"  {PART_NAMES.get(part, part):<22}{shown(result['flops_per_micro_step'][part] / 1e12):>8} TFLOP "
+              f"{shown(result['bytes_per_micro_step'][part] / 1e9):>8} GB   floor {shown(floor * 1e3):>8} ms{measured}",
+              file=sys.stderr)
 
 
 def free_port() -> int:
@@ -475,11 +503,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="with --profile: config overrides")
     parser.add_argument("--latents", choices=("on-the-fly", "cached"), default="on-the-fly",
                         help="with --profile: reference VAE in the step, or latents as a latent cache gives them")
-    parser.add_argument("--dry-run", action="store_true", help="with --profile: print the FLOP breakdown only")
+    parser.add_argument("--dry-run", action="store_true", help="with --profile: print the FLOPs, bytes and floors per part only")
     args = parser.parse_args(argv)
     args.argv = list(argv if argv is not None else sys.argv[1:])
     if args.profile:
-        emit_result(profile_benchmark(args), args.json)
+        result = profile_benchmark(args)
+        emit_result(result, args.json)
+        print_floors(result)
         return 0
     if args.dry_run:
         parser.error("--dry-run needs --profile")

@@ -41,9 +41,10 @@ def flops_table() -> str:
     """docs/performance.md: FLOPs of one h100 micro-step per GPU by part (training/plan/step_flops.py,
     as `python -m scripts.benchmark --profile h100 --dry-run` prints them) and the ceilings."""
     from training.config.load import load_config
+    from training.plan.roofline import H100
     from training.plan.step_flops import step_flops
 
-    spec_peak = 989e12  # H100 SXM, dense bf16 (scripts/benchmark.py SPEC_PEAK_FLOPS)
+    spec_peak = H100.peak_flops
     config = load_config("h100", num_processes=8, check_paths=False)
     flops = step_flops(config)
     names = {"student": "student (encode, decode of the reference latents, round trip; forward + backward)",
@@ -59,6 +60,31 @@ def flops_table() -> str:
               f"{config.batch_size_per_gpu / (flops['total'] / spec_peak):.1f} clips/s per GPU with the reference",
               f"on the fly and {config.batch_size_per_gpu / (cached / spec_peak):.1f} with latents from the cache "
               f"({cached / 1e12:.1f} TFLOP): the ceilings."]
+    return "\n".join(lines) + "\n"
+
+
+def roofline_table() -> str:
+    """docs/performance.md: each part's FLOPs, bytes and floor on an H100 SXM at the h100 shape
+    (training/plan/roofline.py, as `python -m training.plan h100 --bytes` prints them)."""
+    from training.config.load import load_config
+    from training.plan.roofline import H100, PART_NAMES, floors, shown
+    from training.plan.step_flops import step_costs
+
+    config = load_config("h100", num_processes=8, check_paths=False)
+    costs = step_costs(config)
+    floor = floors(costs, H100)
+    lines = [f"| part | TFLOP | GB moved | FLOP floor (ms) | bytes floor (ms) | floor on {H100.name} (ms) |", "|---|---|---|---|---|---|"]
+    for part, cost in costs.items():
+        bold = "**" if part == "total" else ""
+        lines.append(f"| {bold}{PART_NAMES[part]}{bold} | {shown(cost['flops'] / 1e12)} | {shown(cost['bytes'] / 1e9)} | "
+                     f"{shown(cost['flops'] / H100.peak_flops * 1e3)} | {shown(cost['bytes'] / H100.bandwidth * 1e3)} | "
+                     f"{bold}{shown(floor[part] * 1e3)}{bold} |")
+    batch, cached = config.batch_size_per_gpu, floor["total"] - floor["reference"]
+    top = sorted(costs["student"]["ops"].items(), key=lambda item: -item[1])[:8]
+    lines += ["", f"The floor of a micro-step of {batch} clips: {floor['total'] * 1e3:.0f} ms with the reference VAE on the "
+              f"fly (at most {batch / floor['total']:.1f} clips/s per GPU),",
+              f"{cached * 1e3:.0f} ms with latents cached (at most {batch / cached:.1f}). The student's bytes by op:",
+              ", ".join(f"`{op}` {moved / 1e9:.1f} GB" for op, moved in top) + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -94,8 +120,8 @@ def recipe_table() -> str:
     return "\n".join(lines) + "\n"
 
 
-GENERATORS = {"memory-table": memory_table, "flops-table": flops_table, "decode-cost-table": decode_cost_table,
-              "recipe-table": recipe_table}
+GENERATORS = {"memory-table": memory_table, "flops-table": flops_table, "roofline-table": roofline_table,
+              "decode-cost-table": decode_cost_table, "recipe-table": recipe_table}
 
 
 def updated(text: str, cache: dict) -> str:

@@ -106,7 +106,7 @@ def test_profile_benchmark_counts_the_whole_h100_step_without_running_it(tmp_pat
     assert report["shape"] == {"batch_per_gpu": 4, "frames": 9, "height": 480, "width": 720, "variant": "taecvx",
                                "precision": "bf16"}
     parts = report["flops_per_micro_step"]
-    assert set(parts) == {"student", "lpips", "seraena", "reference", "total"}
+    assert set(parts) == {"student", "lpips", "seraena", "reference", "optimizer", "total"}
     assert parts["total"] == sum(v for k, v in parts.items() if k != "total")
     assert parts["reference"] > parts["student"] > parts["seraena"] > parts["lpips"] > 0  # the VAE dominates on the fly
     assert report["device"].startswith("none (dry run")

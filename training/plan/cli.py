@@ -1,5 +1,5 @@
 """The launcher's config step and the dry run: `python -m training.plan PROFILE
-[--shell|--dry-run-report|--memory]`."""
+[--shell|--dry-run-report|--memory|--bytes]`."""
 
 from __future__ import annotations
 
@@ -30,6 +30,16 @@ def print_memory(config: TrainConfig, check_gpu_budget: bool, problem_stream, pr
     if problem:
         print(f"config error: {problem}", file=problem_stream)
     return bool(problem)
+
+
+def print_roofline(config: TrainConfig, top_ops: int = 0) -> None:
+    """Each part's FLOPs, bytes and time floor on an H100 SXM (training/plan/roofline.py)."""
+    from training.plan.roofline import H100, roofline_lines
+
+    print(f"roofline floor on {H100.label()}, per micro-step on each rank (training/plan/roofline.py, "
+          "docs/performance.md#roofline-floors):")
+    for line in roofline_lines(config, top_ops=top_ops):
+        print(f"  {line}")
 
 
 def shell_tagged_values(config: TrainConfig) -> dict:
@@ -87,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run-report", action="store_true",
                         help="the launcher's dry run in one process: resolved config, memory estimate and every input "
                              "problem (exit 1: inputs missing, 3: GPU estimate over budget with --check-gpu-budget)")
+    parser.add_argument("--bytes", action="store_true", help="print each part's FLOPs, bytes moved and roofline floor, "
+                        "with its top ops by bytes (training/plan/roofline.py)")
     parser.add_argument("--markdown", action="store_true", help="print docs/configuration.md")
     args = parser.parse_args(argv)
     if args.markdown:
@@ -138,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         if not config.accelerate_config.endswith("_cpu.yaml"):
             print("compute (training/plan/step_flops.py):")
             print(f"  {compute_line(at_largest_bucket(config))}")
+            print_roofline(at_largest_bucket(config))
 
         budget = decode_budget_lines(at_largest_bucket(config))
         if budget:
@@ -151,6 +164,11 @@ def main(argv: list[str] | None = None) -> int:
         if not problems:
             print("  ok: every file and folder the config names is there")
         return 1 if problems else 3 if over_budget else 0
+    if args.bytes:
+        from training.data.buckets import at_largest_bucket
+
+        print_roofline(at_largest_bucket(config), top_ops=12)
+        return 0
     if args.memory:
         return 1 if print_memory(config, args.check_gpu_budget, sys.stderr, args.processes_per_node) else 0
     if args.list_input_problems:

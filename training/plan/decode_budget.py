@@ -15,9 +15,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from training.plan.roofline import H100, PART_NAMES
+
 BENCHMARK = Path(__file__).resolve().parents[2] / "docs" / "data_benchmark.json"
 ASSUMED_MFU = 0.4
-PEAK_FLOPS = 989e12  # H100 SXM, dense bf16 (scripts/benchmark.py SPEC_PEAK_FLOPS)
+PEAK_FLOPS = H100.peak_flops  # dense bf16 (training/plan/roofline.py DEVICE_SPECS)
 
 
 def step_tflops(config) -> float:
@@ -25,25 +27,13 @@ def step_tflops(config) -> float:
 
 
 def step_tflops_by_part(config) -> dict[str, float]:
-    """TFLOPs of one micro-step by part (training/plan/step_flops.py, several seconds on the meta device),
-    kept in ~/.cache/taehv/step_flops_by_part.json by what they depend on, so repeated dry runs do
-    not count again."""
-    from models.measure_cache import cached_measurement
-    from training.config.schema import measured_keys
+    """TFLOPs of one micro-step by part (training/plan/step_flops.py: counted once per shape on the
+    meta device and kept in ~/.cache/taehv/step_costs.json, so repeated dry runs do not count again)."""
+    from training.plan.step_flops import step_flops
 
-    def count() -> dict[str, float]:
-        from training.plan.step_flops import step_flops
-
-        return {part: flops / 1e12 for part, flops in step_flops(config).items()}
-
-    keys = measured_keys("flops")  # declared with option(..., measured=(..., "flops")) in training/config/schema.py
-    return cached_measurement("step_flops_by_part", config, keys,
-                              ("training/plan/step_flops.py", "training/config/terms.py", "models/taehv/blocks.py",
-                               "models/taehv/runners.py", "models/taehv/model.py",
-                               "models/variants.py"), count)
+    return {part: flops / 1e12 for part, flops in step_flops(config).items()}
 
 
-PART_NAMES = {"student": "student", "reference": "reference VAE encode", "lpips": "LPIPS", "seraena": "Seraena"}
 
 
 def compute_line(config) -> str:
@@ -51,7 +41,7 @@ def compute_line(config) -> str:
     (ref_vae_channels_last, a latent cache) matters more than the student's."""
     parts = step_tflops_by_part(config)
     total = parts["total"]
-    shares = ", ".join(f"{PART_NAMES.get(part, part)} {value:.1f}" for part, value in parts.items() if part != "total")
+    shares = ", ".join(f"{PART_NAMES.get(part, part)} {value:.1f}" for part, value in parts.items() if part != "total" and value)
     line = f"{total:.1f} TFLOP per micro-step on each rank: {shares}"
     if parts.get("reference"):
         line += (f"; the reference VAE's encode is {parts['reference'] / total:.0%} of it (ref_vae_channels_last="
