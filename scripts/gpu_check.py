@@ -132,9 +132,18 @@ def run_phase(phase: Phase, out: Path, limit_s: float) -> tuple[int | None, floa
     whatever it leaves running (data workers, ranks) ends with it."""
     start = time.monotonic()
     with (out / f"{phase.key}.log").open("w") as log:
-        process = subprocess.Popen(phase.command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        # a SIGTERM before `process` exists would leave the phase running: held until the try below
+        # (the phase itself starts with it unblocked)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            process = subprocess.Popen(phase.command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                       preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM}))
+        except BaseException:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+            raise
         code = None
         try:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
             code = process.wait(timeout=max(limit_s, 0.01))
         except subprocess.TimeoutExpired:
             pass
