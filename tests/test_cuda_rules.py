@@ -2,8 +2,7 @@
 adversarial weight under a real DeepSpeed ZeRO-2 engine. The first H100 run stopped at its first
 backward: mse_loss got an fp32 prediction and the bf16 video, which CUDA refuses and the CPU
 accepts; the adaptive weight's autograd.grad crashed DeepSpeed's gradient reduction
-(../shared/reference/gpu-h100-2026-11.md). The step benchmark's bf16 step runs under the same
-rules in tests/test_scripts.py."""
+(../shared/reference/gpu-h100-2026-11.md)."""
 
 import json
 import os
@@ -40,12 +39,13 @@ def bf16_student(config):
 
 
 def seraena_in_bf16(config, student):
+    """Seraena as build_seraena makes it on a bf16 GPU run: its discriminator under bf16 autocast."""
     from types import SimpleNamespace
 
     from training.loop.build import build_seraena
 
     seraena = build_seraena(config, SimpleNamespace(device=torch.device("cpu"), process_index=0), student.taehv)
-    assert seraena.seraena.amp_dtype == torch.bfloat16  # bf16 autocast on every device of a bf16 run
+    seraena.seraena.amp_dtype = torch.bfloat16  # forced on: a CPU run keeps it off (no fast bf16 convolutions)
     return seraena
 
 
@@ -82,6 +82,17 @@ def test_a_bf16_step_in_each_mode_feeds_every_loss_kernel_one_dtype(mode):
     assert rules.checked["mse_loss_backward"] >= 2  # Seraena's term and the discriminator's step at least
     assert {"perceptual", "temporal", "seraena", "seraena_adaptive_weight"} <= losses.logged.keys()
     assert torch.isfinite(total) and all(p.grad is not None for p in student.taehv.decoder.parameters())
+
+
+def test_the_step_benchmark_runs_the_trainers_step_under_cudas_rules():
+    """scripts/benchmark.py --profile times the loop's loss code: in bf16 it must keep the rules too
+    (the H100 run stopped there as well), the adaptive weight included."""
+    from scripts.benchmark import profile_step_time
+
+    config = load_config("test", [*EVERY_TERM, *AUTOENCODER], 1, check_paths=False)
+    with CudaDtypeRules() as rules:
+        seconds = profile_step_time(config, torch.device("cpu"), steps=1, cached_latents=True)
+    assert seconds > 0 and rules.checked["mse_loss_backward"] > 0
 
 
 def tensorboard_scalars(run_dir, tag: str) -> list[float]:

@@ -139,8 +139,8 @@ def build_seraena(config: TrainConfig, accelerator, taehv: TAEHV):
 
     if config.seraena_weight <= 0:
         return None
-    # bf16 autocast on every device of a bf16 run: a CPU test then runs the discriminator as a GPU does
-    amp = torch.bfloat16 if config.mixed_precision == "bf16" else None
+    # bf16 autocast on a bf16 GPU run; a CPU has no fast bf16 convolutions (tests/test_cuda_rules.py forces it on)
+    amp = torch.bfloat16 if accelerator.device.type == "cuda" and config.mixed_precision == "bf16" else None
     largest = at_largest_bucket(config)  # every slot of the buffer's slab holds the largest entry
     capacity = replay_capacity(largest, taehv.patch_size, taehv.latent_channels)  # within seraena_buffer_gb
     return SeraenaState(taehv.latent_channels, config.seraena_learning_rate, capacity, config.seed,
