@@ -53,25 +53,3 @@ class CudaDtypeRules(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-
-def launched_under_rules(env: dict, reports) -> dict:
-    """`env` for a launched Python command that runs under CudaDtypeRules from its start (through
-    cuda_rules_site/sitecustomize.py), writing the ops it checked into the folder `reports`."""
-    import os
-    from pathlib import Path
-
-    reports.mkdir(parents=True, exist_ok=True)
-    site = str(Path(__file__).resolve().parent / "cuda_rules_site")
-    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [site, env.get("PYTHONPATH", "")])),
-            "TAEHV_TEST_CUDA_RULES": str(reports)}
-
-
-def checked_ops(reports) -> dict[str, int]:
-    """The ops checked by every process launched under the rules, summed."""
-    import json
-
-    total: dict[str, int] = {}
-    for report in reports.glob("*.json"):
-        for name, count in json.loads(report.read_text())["checked"].items():
-            total[name] = total.get(name, 0) + count
-    return total
