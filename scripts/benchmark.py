@@ -62,6 +62,7 @@ if str(REPO_ROOT) not in sys.path:
 from models.reference_families import FAMILIES  # noqa: E402
 from models.taehv import TAEHV  # noqa: E402
 from scripts.results import emit_result  # noqa: E402
+from scripts.step_parts import StepParts, TimedParts, parts_markdown, top_kernels  # noqa: E402
 
 
 def synchronize(device: torch.device) -> None:
@@ -92,12 +93,15 @@ def measured_peak_flops(device: torch.device, dtypes: tuple = (), repeats: int =
     from training.plan.step_flops import count_flops
 
     cuda = device.type == "cuda"
-    n = 8192 if cuda else 2048
-    # (batch, channels, side): the student's widths (64 runs slower than 128 and 256 on oneDNN), ~5 GFLOP each on CPU
-    convolutions = ((64, 256, 128), (64, 512, 64)) if cuda else ((16, 128, 32), (16, 256, 16))
     rates = {}
     for dtype in dtypes or ((torch.bfloat16,) if cuda else (torch.float32,)):
         name = str(dtype).removeprefix("torch.")
+        # a CPU without bf16 units runs bf16 about 30x slower than fp32: 1/16 of the work keeps each
+        # kernel near a second there (the full sizes took minutes)
+        small = not cuda and dtype != torch.float32
+        n = 8192 if cuda else 512 if small else 2048
+        # (batch, channels, side): the student's widths (64 runs slower than 128 and 256 on oneDNN), ~5 GFLOP each on CPU
+        convolutions = ((64, 256, 128), (64, 512, 64)) if cuda else ((1, 128, 32), (1, 256, 16)) if small else ((16, 128, 32), (16, 256, 16))
         a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
         rates[f"{name} matmul {n}x{n}x{n}"] = 2 * n**3 / best_seconds(device, lambda: a @ b, repeats)
         del a, b
@@ -304,11 +308,29 @@ def profile_config(args):
 
 
 def profile_step_time(config, device: torch.device, steps: int, cached_latents: bool) -> float:
-    """Median seconds of one training micro-step of `config` on this device, as the trainer runs it:
-    its CUDA settings (TF32, cuDNN autotuning), its student, LPIPS and Seraena builders (Seraena in
+    """Median seconds of one training micro-step of `config` on this device (profile_step)."""
+    step, window = profile_step(config, device, cached_latents)
+    return timed_windows(step, device, steps, window)
+
+
+def timed_windows(step, device: torch.device, steps: int, window: int, parts=None) -> float:
+    """Median seconds per micro-step of step() (a window of `window` micro-steps) over `steps` runs after
+    3 warm-up runs; TimedParts `parts` collects each run's parts."""
+    timer = PhaseTimer(device)
+    for _ in range(steps + 3):
+        timer("step", step)
+        if parts is not None:
+            parts.collect()
+    return timer.medians(3)["step"] / window
+
+
+def profile_step(config, device: torch.device, cached_latents: bool, parts=None):
+    """(step, micro-steps per step): one optimizer step of `config` on this device, as the trainer runs
+    it: its CUDA settings (TF32, cuDNN autotuning), its student, LPIPS and Seraena builders (Seraena in
     bf16 autocast on a bf16 GPU run), the loop's own loss code, and its cadence: windows of
     gradient_accumulation_steps micro-steps, the last one updating Seraena's discriminator and
-    stepping the optimizer. The module is in the training dtype as DeepSpeed holds it."""
+    stepping the optimizer. The module is in the training dtype as DeepSpeed holds it. The step marks
+    its parts on `parts` (scripts/step_parts.py; by default marks that do nothing)."""
     from types import SimpleNamespace
 
     from models.metrics import LPIPS
@@ -334,21 +356,29 @@ def profile_step_time(config, device: torch.device, steps: int, cached_latents: 
         reference = ReferenceVAE(vae.eval(), config.reference_family, sample_latents=True, geometry=geometry)
         with torch.no_grad():
             latents = reference.encode(video)
-    timer = PhaseTimer(device)
     window = config.gradient_accumulation_steps
+    parts = parts or StepParts()
+    parts.watch(student, "student_forward")  # inside forward_losses: the losses' time is theirs without it
+    parts.watch(lpips, "lpips")
 
     def step():
         for micro_step in range(window):
-            step_latents = latents if cached_latents or reference is None else reference.encode(video)
-            losses = forward_losses(config, student, video, step_latents, lpips)  # fp32 targets, as the loop
-            add_seraena_term(config, seraena, losses, update_discriminator=micro_step == window - 1,
-                             last_layer=student.last_layer).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+            step_latents = latents
+            if not cached_latents and reference is not None:
+                with parts("reference_encode"):
+                    step_latents = reference.encode(video)
+            with parts("losses"):
+                losses = forward_losses(config, student, video, step_latents, lpips)  # fp32 targets, as the loop
+            with parts("seraena"):
+                total = add_seraena_term(config, seraena, losses, update_discriminator=micro_step == window - 1,
+                                         last_layer=student.last_layer)
+            with parts("backward"):
+                total.backward()
+        with parts("optimizer"):
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
 
-    for _ in range(steps + 3):
-        timer("step", step)
-    return timer.medians(3)["step"] / window
+    return step, window
 
 
 def profile_benchmark(args) -> dict:
@@ -393,7 +423,13 @@ def profile_benchmark(args) -> dict:
     dtypes = tuple({torch.bfloat16 if config.mixed_precision == "bf16" else torch.float32,
                     *([torch.float32] if device.type == "cpu" and config.use_ref_vae and not cached else [])})
     peak_before = measured_peak_flops(device, dtypes)
-    step_s = profile_step_time(config, device, args.steps, cached)
+    parts = TimedParts(device) if args.kernels else None
+    step, window = profile_step(config, device, cached, parts)
+    step_s = timed_windows(step, device, args.steps, window, parts)
+    if parts is not None:  # the parts of the same timed runs, then one more run under the profiler
+        result.update(parts_s=parts.medians(3, window), parts_timer="CUDA events" if device.type == "cuda" else "perf_counter",
+                      top_kernels=top_kernels(step, device, window),
+                      kernel_timer="CUDA time (torch.profiler)" if device.type == "cuda" else "self CPU time (torch.profiler)")
     measured_peak, measured_label = max(peak_before, measured_peak_flops(device, dtypes))
     achieved = flops["total"] / step_s
     result.update({
@@ -504,12 +540,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latents", choices=("on-the-fly", "cached"), default="on-the-fly",
                         help="with --profile: reference VAE in the step, or latents as a latent cache gives them")
     parser.add_argument("--dry-run", action="store_true", help="with --profile: print the FLOPs, bytes and floors per part only")
+    parser.add_argument("--kernels", action="store_true", help="with --profile: time each part of the step and list the top "
+                        "kernels; a markdown table on stderr and beside --json F (F with .md)")
     args = parser.parse_args(argv)
     args.argv = list(argv if argv is not None else sys.argv[1:])
+    if args.kernels and (args.dry_run or not args.profile):
+        parser.error("--kernels times the step of a --profile: give --profile, without --dry-run")
     if args.profile:
         result = profile_benchmark(args)
         emit_result(result, args.json)
         print_floors(result)
+        if args.kernels:
+            table = parts_markdown(result)
+            print(table, file=sys.stderr)
+            if args.json:
+                args.json.with_suffix(".md").write_text(table)
         return 0
     if args.dry_run:
         parser.error("--dry-run needs --profile")

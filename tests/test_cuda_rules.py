@@ -130,10 +130,13 @@ def test_zero2_bf16_with_two_processes_keeps_cudas_rules_and_survives_the_adapti
                "--machine_rank", "0", "--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port()),
                str(REPO_ROOT / "tests" / "cuda_rules_probe.py"), "--config", "test", "--output-dir", str(run_dir),
                *(arg for item in sets for arg in ("--set", item))]
-    result = subprocess.run(command, cwd=REPO_ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=900)
+    reports_dir = tmp_path / "reports"
+    reports_dir.mkdir()
+    env = {**os.environ, "CUDA_RULES_REPORTS": str(reports_dir)}
+    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
-    reports = [json.loads(line.partition("CUDA_RULES ")[2]) for line in result.stdout.splitlines() if line.startswith("CUDA_RULES ")]
+    reports = [json.loads(path.read_text()) for path in sorted(reports_dir.glob("rank*.json"))]
     assert len(reports) == 2 and all(r["exit_code"] == 0 and r["checked"].get("mse_loss_backward", 0) > 0 for r in reports)
     prints = dict(re.findall(r"rank (\d) of 2: final weights fingerprint ([0-9a-f]{16})", output))
     assert len(prints) == 2 and prints["0"] == prints["1"], prints  # both ranks hold the same weights
