@@ -127,6 +127,37 @@ def test_profile_benchmark_times_the_trainers_window_at_a_small_shape(tmp_path):
     assert 0 < report["mfu_vs_measured_peak"] <= 1, (report["mfu_vs_measured_peak"], report["measured_peak_kernel"])
 
 
+def test_kernels_times_each_part_of_the_step_and_the_parts_add_up_to_it(tmp_path):
+    """--kernels on this CPU (perf_counter, the CPU profiler), the h100 step with the reference VAE on
+    the fly at 1 x 9 x 32 x 48 in fp32: every part the step marks is timed without the parts inside
+    it (the student and LPIPS inside the losses), so together they make the measured step; the top
+    kernels are named; the table, with each part's floor, is written beside the JSON."""
+    from scripts.step_parts import PARTS
+
+    out = tmp_path / "kernels.json"
+    sets = ("height=32", "width=48", "batch_size_per_gpu=1", "gradient_accumulation_steps=1", "global_batch_size=8",
+            "accelerate_config=ddp_cpu.yaml")  # fp32: bf16 runs ~30x slower on a CPU
+    completed = subprocess.run([sys.executable, "-m", "scripts.benchmark", "--profile", "h100", *[a for s in sets for a in ("--set", s)],
+                                "--steps", "1", "--kernels", "--json", str(out)], cwd=REPO_ROOT, capture_output=True, text=True,
+                               timeout=300)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    report = json.loads(out.read_text())
+    parts = report["parts_s"]
+    assert list(parts) == list(PARTS) and all(seconds > 0 for seconds in parts.values()), parts
+    assert sum(parts.values()) == pytest.approx(report["step_s"], rel=0.1), (parts, report["step_s"])
+    cuda = torch.cuda.is_available()
+    assert report["parts_timer"] == ("CUDA events" if cuda else "perf_counter")
+    assert report["kernel_timer"].startswith("CUDA time" if cuda else "self CPU time")
+    kernels = report["top_kernels"]
+    assert kernels and all(k["name"].strip() and k["calls"] > 0 and k["ms_per_micro_step"] > 0 for k in kernels), kernels
+    if not cuda:  # aten ops by name: a convolution network's time is in its convolutions
+        assert any("convolution" in k["name"] for k in kernels[:3]), kernels[:3]
+    table = out.with_suffix(".md").read_text()
+    floor_ms = report["predicted_floor_s"]["reference"] * 1e3
+    assert f"| reference VAE encode | {parts['reference_encode'] * 1e3:.2f} |" in table and f"| {floor_ms:.3g} |" in table
+    assert f"`{kernels[0]['name']}`" in table and table in completed.stderr
+
+
 def test_the_peak_and_the_step_count_convolutions_alike_and_the_peak_takes_the_fastest_kernel(monkeypatch):
     """MFU above 1 came from a peak below what the step's own kernels reach: MKL's fp32 matmul
     against oneDNN's convolutions, counted with their zero padding. A convolution is counted without
