@@ -37,6 +37,14 @@ the device's spec dense bf16 peak (DEVICE_SPECS) and against the measured peak (
 large matmul and a large convolution in the step's dtype, measured before and after the step), each
 labelled; the headline is clips/s per GPU. Strategy comparisons (DDP vs ZeRO) need 2+ GPUs and
 are skipped with that reason otherwise.
+
+    python -m scripts.benchmark --profile h100 --kernels --json h100.json   # where the time goes
+
+With --kernels, each part the step marks (reference encode, student forward, losses, LPIPS,
+Seraena, backward, optimizer) is timed in the same runs, by CUDA events on a GPU, perf_counter on a
+CPU (`parts_s`), and one more run under torch.profiler gives the top kernels by CUDA time, or aten
+ops by self CPU time on a CPU (`top_kernels`); a markdown table of both, each part beside its
+roofline floor, goes to stderr and beside the JSON (h100.json -> h100.md). scripts/step_parts.py.
 """
 
 from __future__ import annotations
@@ -453,8 +461,8 @@ def profile_benchmark(args) -> dict:
 
 
 def print_floors(result: dict) -> None:
-    """Each part's roofline floor, and beside the whole step's the measured time where it ran (per-part
-    times are not measured here: the step is timed whole)."""
+    """Each part's roofline floor, and beside the whole step's the measured time where it ran (the
+    measured parts, with --kernels, are in parts_markdown's table)."""
     from training.plan.roofline import PART_NAMES, shown
 
     print(f"roofline floors on {result['floor_device']}, per micro-step:", file=sys.stderr)
