@@ -9,6 +9,11 @@ draw: epochs x (training clips), plus the first validation_samples held-out clip
 spread over the processes; a shard is written whole or not at all, so the same command after a
 crash or preemption (on any number of processes) continues with the missing shards. Then train
 with --set latent_cache=/data/cache.
+
+Clips of one shape (a cache has one crop size) are stacked --batch-size at a time into each
+reference VAE call; the VAE is loaded as training loads it (bf16 on a GPU; fp32 on a CPU, which has
+no fast bf16 convolutions). Each process prints its clips/s (whole pass, and the encode alone),
+and cache.json records the pass's ("encode_pass").
 """
 
 from __future__ import annotations
@@ -42,7 +47,9 @@ def parse_args(argv):
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--epochs", type=int, default=1, help="draws (window, crop, flip) of every training clip")
     parser.add_argument("--shard-size", type=int, default=256, help="samples per shard file")
-    parser.add_argument("--batch-size", type=int, default=0, help="clips per reference VAE call (0 = batch_size_per_gpu)")
+    parser.add_argument("--batch-size", type=int, default=0,
+                        help="clips stacked into each reference VAE call (0 = batch_size_per_gpu; no gradients are kept, "
+                             "so a GPU takes several times the training batch)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="storage precision of the latents")
     parser.add_argument("--store", choices=("logvar", "mean"), default="logvar",
                         help="logvar: mean and log-variance (training can sample); mean: half the size, mean only")
@@ -74,20 +81,28 @@ def check_same_settings(out: Path, meta: dict) -> None:
                              f"{value!r}: use another --out folder or the same config")
 
 
-def encode_shard(dataset, keys: list, reference, batch_size: int, num_workers: int, dtype, store_logvar: bool) -> dict:
+def encode_shard(dataset, keys: list, reference, batch_size: int, num_workers: int, dtype,
+                 store_logvar: bool) -> tuple[dict, float]:
+    """The shard of `keys`, encoded batch_size clips per reference VAE call, and the seconds spent in
+    those calls (the copy of the latents back to the CPU waits for the device's work)."""
     from torch.utils.data import DataLoader
 
     def collate(items):
         return {**collate_clips(items), "recipes": [item["recipe"] for item in items]}
 
-    loader = DataLoader(_Keyed(dataset, keys), batch_size=batch_size, num_workers=num_workers, collate_fn=collate)
+    device = reference.vae.device
+    loader = DataLoader(_Keyed(dataset, keys), batch_size=batch_size, num_workers=num_workers, collate_fn=collate,
+                        pin_memory=device.type == "cuda")
     parts = {"mean": [], "logvar": [], "sources": [], "crop": [], "flip": [], "clip": [], "skipped": []}
+    encode_s = 0.0
     for batch in loader:
-        video = batch["video"].to(reference.vae.device).float() / 255
+        started = time.perf_counter()
+        video = batch["video"].to(device, non_blocking=True).float() / 255  # uint8 over the bus, scaled on the device
         mean, logvar = reference.encode_distribution(video)
         parts["mean"].append(mean.to(dtype).cpu())
         if store_logvar:
             parts["logvar"].append(logvar.to(dtype).cpu())
+        encode_s += time.perf_counter() - started
         parts["sources"] += [r["sources"] for r in batch["recipes"]]
         parts["crop"] += [list(r["crop"]) for r in batch["recipes"]]
         parts["flip"] += [r["flip"] for r in batch["recipes"]]
@@ -98,7 +113,7 @@ def encode_shard(dataset, keys: list, reference, batch_size: int, num_workers: i
              "clip": parts["clip"], "skipped": parts["skipped"]}
     if store_logvar:
         shard["logvar"] = torch.cat(parts["logvar"])
-    return shard
+    return shard, encode_s
 
 
 class _Keyed(torch.utils.data.Dataset):
@@ -156,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
                                    latent_space=config.ref_vae_latent_space, geometry=measured_geometry(config),
                                    xformers=config.ref_vae_xformers, channels_last=config.ref_vae_channels_last)
     batch_size = args.batch_size or config.batch_size_per_gpu
-    started, written, reused = time.perf_counter(), 0, 0
+    print(f"rank {rank}: {config.reference_family} reference VAE in {str(reference.dtype).removeprefix('torch.')} on "
+          f"{accelerator.device}, {batch_size} clips per encode", flush=True)
+    started, written, reused, clips, encode_s = time.perf_counter(), 0, 0, 0, 0.0
     for split in SPLITS:
         shards = meta["splits"][split]["shards"]
         for shard in range(rank, shards, world):  # round robin: any world size continues any cache
@@ -166,24 +183,47 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             shard_keys = keys[split][shard * args.shard_size : (shard + 1) * args.shard_size]
             try:
-                write_shard(path, encode_shard(datasets[split], shard_keys, reference, batch_size, config.num_workers,
-                                               DTYPES[args.dtype], meta["stores_logvar"]))
+                shard_data, seconds = encode_shard(datasets[split], shard_keys, reference, batch_size, config.num_workers,
+                                                   DTYPES[args.dtype], meta["stores_logvar"])
+                write_shard(path, shard_data)
             except (CacheError, DataFailureError) as error:
                 print(f"error on rank {rank}: {error}", file=sys.stderr, flush=True)
                 return 2
-            written += 1
+            written, clips, encode_s = written + 1, clips + len(shard_keys), encode_s + seconds
             print(f"rank {rank}: {split} shard {shard + 1}/{shards} written ({len(shard_keys)} clips, "
                   f"{time.perf_counter() - started:.0f} s)", flush=True)
+    wall_s = time.perf_counter() - started
+    print(f"rank {rank}: {written} shards written, {reused} already there; {rate_line(clips, wall_s, encode_s)}", flush=True)
+    # every rank's (clips, seconds, encode seconds): the pass's rate is all clips over the slowest rank's time
+    ranks = accelerator.gather(torch.tensor([[clips, wall_s, encode_s]], dtype=torch.float64, device=accelerator.device))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        finish(args.out, meta)
-    print(f"rank {rank}: {written} shards written, {reused} already there", flush=True)
+        finish(args.out, meta, encode_pass(ranks.cpu().tolist(), batch_size, reference.dtype, accelerator.device))
     accelerator.end_training()
     return 0
 
 
-def finish(out: Path, meta: dict) -> None:
-    """Checks every shard is there, counts skipped draws and marks the cache complete."""
+def rate_line(clips: int, wall_s: float, encode_s: float) -> str:
+    if not clips:
+        return "no clips encoded"
+    return (f"{clips} clips encoded in {wall_s:.2f} s: {clips / wall_s:.2f} clips/s "
+            f"({clips / encode_s:.2f} clips/s in the reference VAE's encode alone)")
+
+
+def encode_pass(ranks: list[list[float]], batch_size: int, dtype: torch.dtype, device: torch.device) -> dict:
+    """What this command encoded, for cache.json: clips, the slowest rank's seconds and clips/s over all
+    processes; the encode alone per process (the teacher's rate, data loading left out)."""
+    clips, wall_s = sum(r[0] for r in ranks), max(r[1] for r in ranks)
+    encode_s = sum(r[2] for r in ranks)
+    return {"clips": int(clips), "seconds": wall_s, "processes": len(ranks), "clips_per_s": clips / wall_s if clips else None,
+            "encode_clips_per_s_per_process": clips / encode_s if clips else None,
+            "batch_size": batch_size, "dtype": str(dtype).removeprefix("torch."), "device": device.type,
+            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
+
+
+def finish(out: Path, meta: dict, pass_record: dict | None = None) -> None:
+    """Checks every shard is there, counts skipped draws and marks the cache complete; records the
+    encode rate of the command that completed it."""
     skipped: dict[str, int] = {}
     for split in SPLITS:
         for shard in range(meta["splits"][split]["shards"]):
@@ -192,13 +232,16 @@ def finish(out: Path, meta: dict) -> None:
                 raise CacheError(f"{path} is missing after every process finished: re-run the same command")
             for reason, _ in torch.load(path, mmap=True, weights_only=True)["skipped"]:
                 skipped[reason] = skipped.get(reason, 0) + 1
-    meta = {**meta, "complete": True, "skipped_draws": skipped}
+    meta = {**meta, "complete": True, "skipped_draws": skipped, **({"encode_pass": pass_record} if pass_record else {})}
     temporary = unique_temporary(out / "cache.json")
     temporary.write_text(json.dumps(meta, indent=2) + "\n")
     temporary.replace(out / "cache.json")
     samples = {split: meta["splits"][split]["samples"] for split in SPLITS}
     print(f"latent cache complete: {out} ({samples['train']} train, {samples['validation']} validation samples; "
           f"skipped draws: {skipped or 'none'}). Train with --set latent_cache={out}", flush=True)
+    if pass_record and pass_record["clips"]:
+        print(f"this pass: {pass_record['clips']} clips in {pass_record['seconds']:.1f} s on {pass_record['processes']} "
+              f"process(es): {pass_record['clips_per_s']:.2f} clips/s", flush=True)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,8 @@ def test_two_processes_write_the_clips_and_latents_training_would_draw(setup, tm
     assert "rank 0:" in result.stdout and "rank 1:" in result.stdout  # both processes wrote shards
     meta = json.loads((tmp_path / "cache" / "cache.json").read_text())
     assert meta["complete"] and meta["splits"]["train"] == {"samples": 10, "shards": 5}
+    samples = sum(split["samples"] for split in meta["splits"].values())  # both ranks' clips, gathered
+    assert (meta["encode_pass"]["processes"], meta["encode_pass"]["clips"]) == (2, samples)
 
     from training.loop.build import build_datasets
 
@@ -134,6 +136,41 @@ def test_training_from_the_cache_logs_the_losses_of_training_on_the_fly(setup, t
     from_cache = train(tmp_path / "cached", [f"latent_cache={tmp_path / 'cache'}"])
     assert len(on_the_fly) == 6 and from_cache == on_the_fly
     assert "latents from the cache" in (tmp_path / "cached" / "train.log").read_text()
+
+
+@pytest.mark.slow
+def test_batched_encodes_write_the_latents_of_one_by_one_and_report_clips_per_s(setup, tmp_path):
+    """The test profile trains 1 clip per GPU, so the other tests encode one clip per call; here the
+    script stacks 3 (batches of 3 and 2 over the 5 training clips) and the one-by-one encode of the
+    same draws, in-process, must write the same samples."""
+    from scripts.cache_latents import encode_shard, split_keys
+    from training.loop.build import build_datasets
+
+    root, sets = setup
+    out = tmp_path / "cache"
+    result = cache_command(out, sets, "--batch-size", "3", "--shard-size", "8", "--dtype", "fp32")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "rank 0: cogvideox reference VAE in float32 on cpu, 3 clips per encode" in result.stdout
+    meta = json.loads((out / "cache.json").read_text())
+    record, samples = meta["encode_pass"], sum(split["samples"] for split in meta["splits"].values())
+    assert (record["clips"], record["processes"], record["batch_size"], record["dtype"]) == (samples, 1, 3, "float32")
+    assert record["clips_per_s"] == pytest.approx(samples / record["seconds"])
+    rate = re.search(rf"rank 0: 2 shards written, 0 already there; {samples} clips encoded in ([\d.]+) s: ([\d.]+) clips/s "
+                     r"\(([\d.]+) clips/s in the reference VAE's encode alone\)", result.stdout)
+    assert rate and float(rate[2]) == pytest.approx(samples / float(rate[1]), rel=0.02)  # both printed to 2 decimals
+    assert float(rate[3]) >= float(rate[2])  # the encode alone leaves out decoding and writing
+    assert f"this pass: {samples} clips in" in result.stdout
+
+    config = load_config("test", sets, num_processes=1)
+    train, _ = build_datasets(config)
+    reference = load_reference_vae("cogvideox", str(root / "vae"), torch.device("cpu"), sample_latents=False)
+    one_by_one, _ = encode_shard(train, split_keys("train", train, 1, 0), reference, 1, 0, torch.float32, True)
+    batched = torch.load(shard_path(out, "train", 0), weights_only=True)
+    assert len(batched["clip"]) == len(train) == 5
+    for key in ("sources", "crop", "flip", "clip", "skipped"):
+        assert batched[key] == one_by_one[key] if isinstance(one_by_one[key], list) else torch.equal(batched[key], one_by_one[key])
+    for key in ("mean", "logvar"):
+        torch.testing.assert_close(batched[key], one_by_one[key], rtol=0, atol=1e-5)
 
 
 def test_a_shard_that_cannot_be_written_is_a_one_line_error_and_leaves_no_temporary_file(tmp_path):

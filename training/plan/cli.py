@@ -151,6 +151,14 @@ def main(argv: list[str] | None = None) -> int:
             print("compute (training/plan/step_flops.py):")
             print(f"  {compute_line(at_largest_bucket(config))}")
             print_roofline(at_largest_bucket(config))
+            from training.plan.cache_cost import cache_cost_lines
+
+            lines = cache_cost_lines(at_largest_bucket(config))
+            if lines:
+                print("latent cache against the teacher on the fly (training/plan/cache_cost.py, "
+                      "docs/performance.md#the-latent-cache-as-the-production-path):")
+                for line in lines:
+                    print(f"  {line}")
 
         budget = decode_budget_lines(at_largest_bucket(config))
         if budget:
