@@ -21,15 +21,12 @@ def run_parallel(model: nn.Sequential, x: torch.Tensor, use_checkpointing: bool 
     for block in model:
         if channels_last:
             x = x.contiguous(memory_format=torch.channels_last)  # no copy when already NHWC
-        if isinstance(block, MEMORY_BLOCKS):
-            # past of frame t is the block's input at t-1, zeros for the first frame; one copy,
-            # written through views so x's memory format (channels_last) carries over to past
-            past = torch.zeros_like(x)
-            past.view(n, -1, *x.shape[1:])[:, 1:] = x.view(n, -1, *x.shape[1:])[:, :-1]
+        if isinstance(block, MEMORY_BLOCKS):  # each frame sees the block's input at the frame before
+            frames = x.shape[0] // n
             if use_checkpointing:
-                x = checkpoint(block, x, past, use_reentrant=False)
+                x = checkpoint(block, x, None, frames, use_reentrant=False)
             else:
-                x = block(x, past)
+                x = block(x, frames=frames)
         elif use_checkpointing and any(p.requires_grad for p in block.parameters()):
             x = checkpoint(block, x, use_reentrant=False)
         else:

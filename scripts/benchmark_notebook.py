@@ -1,0 +1,138 @@
+"""Our training step beside the published notebook's, at its shape, in one process, alternating;
+a measurement, not a test. Prints JSON (and writes it with --json).
+
+    python -m scripts.benchmark_notebook --taehv-dir ../taehv --seraena-dir ../seraena [--rounds 5]
+
+The notebook is madebyollin/seraena's TAEHV_Training_Example.ipynb: batch 16, 12 frames, 64x64
+crops, the student in fp32 (taew2_1's layout, 16 latent channels), AdamW 3e-4, an encoder MSE to
+the reference latents, the decoder on the reference latents with an MSE to the frames and one to
+Seraena's corrected targets (3-frame groups, the discriminator updated every step). Its step is
+rebuilt here from upstream's own taehv.py and seraena.py (the folders of checkouts of
+madebyollin/taehv and madebyollin/seraena; TAEHV_UPSTREAM_DIR and SERAENA_UPSTREAM_DIR by
+default). Ours is scripts/benchmark.py's profile_step (the trainer's step and builders) on the
+`cpu` profile with the `seraena-notebook` recipe at the same shapes, reference latents given
+(the round trip off: the notebook decodes the reference latents only). Ours is set to 9 frames:
+the Wan VAE's clips are 4k+1 frames, and 9 frames are the notebook's 3 latent frames, its 12
+encoded frames (the encoder pads with the last frame) and its 9 decoded frames. Both leave out data
+loading, the reference VAE's encode and the weight average. Each round times one step of each,
+after two warm-up steps of each, on whatever device is here (the notebook's CUDA autocast and
+grad scaler do nothing on a CPU)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from scripts.results import emit_result
+
+BATCH, FRAMES, SIZE, GROUP = 16, 12, 64, 3  # the notebook's batch, frames, crop and Seraena frame group
+OUR_FRAMES = 9  # Wan's 4k+1 frames with the notebook's 3 latent frames (the module docstring)
+
+
+def import_file(path: Path):
+    if not path.is_file():
+        raise SystemExit(f"{path} not found: point --taehv-dir / --seraena-dir at checkouts of madebyollin/taehv and "
+                         "madebyollin/seraena (or set TAEHV_UPSTREAM_DIR / SERAENA_UPSTREAM_DIR)")
+    spec = importlib.util.spec_from_file_location(f"upstream_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def notebook_step(taehv_dir: Path, seraena_dir: Path, device: torch.device):
+    """The notebook's Trainer.train_step on random frames and latents, as upstream's code runs it."""
+    TAEHV = import_file(taehv_dir / "taehv.py").TAEHV
+    Seraena = import_file(seraena_dir / "seraena.py").Seraena
+    torch.manual_seed(0)
+    model = TAEHV(checkpoint_path=None).to(device).train()
+    seraena = Seraena(3 * GROUP, model.latent_channels).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), 3e-4, betas=(0.9, 0.95))
+    frames = torch.rand(BATCH, FRAMES, 3, SIZE, SIZE, device=device)
+    trim = model.frames_to_trim
+    latents = torch.randn(BATCH, FRAMES // 4, model.latent_channels, SIZE // 8, SIZE // 8, device=device)
+
+    def group(x):  # the notebook's pad_and_group: back to FRAMES frames, then GROUP frames per image
+        x = torch.cat([x, x[:, :trim]], 1)
+        return x.reshape(-1, GROUP * x.shape[2], *x.shape[3:])
+
+    def step():
+        encoded = model.encode_video(frames, parallel=True, show_progress_bar=False)
+        losses = [F.mse_loss(encoded, latents)]
+        target_frames = frames[:, :-trim]
+        decoded = model.decode_video(latents, parallel=True, show_progress_bar=False)
+        decoded = decoded + torch.zeros_like(target_frames).requires_grad_(True)  # the notebook's decoder_grad probe
+        context = latents.mean(1, keepdim=True).repeat_interleave(FRAMES // GROUP, dim=1).flatten(0, 1)
+        target, _ = seraena.step_and_make_correction_targets(group(target_frames), group(decoded), context)
+        target = target.reshape(-1, FRAMES, 3, SIZE, SIZE)[:, :-trim].reshape(decoded.shape)
+        losses += [F.mse_loss(decoded, target_frames), F.mse_loss(decoded, target)]
+        optimizer.zero_grad()
+        sum(losses).backward()
+        optimizer.step()
+
+    return step
+
+
+def our_step(device: torch.device, sets: list[str]):
+    from scripts.benchmark import profile_step
+    from training.config.load import load_config
+
+    config = load_config("cpu", ["recipe=seraena-notebook", "use_ref_vae=true", "ref_vae_family=wan", "model_variant=taew2_1",
+                                 "reconstruction_weight=0", f"batch_size_per_gpu={BATCH}", f"n_frames={OUR_FRAMES}",
+                                 f"height={SIZE}", f"width={SIZE}", "gradient_accumulation_steps=1", *sets],
+                         check_paths=False)
+    step, window = profile_step(config, device, cached_latents=True)
+    assert window == 1
+    return step, config
+
+
+def timed(step, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--taehv-dir", type=Path, default=Path(os.environ.get("TAEHV_UPSTREAM_DIR", "../taehv")))
+    parser.add_argument("--seraena-dir", type=Path, default=Path(os.environ.get("SERAENA_UPSTREAM_DIR", "../seraena")))
+    parser.add_argument("--rounds", type=int, default=5, help="timed steps of each, alternating")
+    parser.add_argument("--set", action="append", default=[], help="a config override for our step (KEY=VALUE)")
+    parser.add_argument("--json", type=Path, help="also write the result here")
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    steps = {"notebook": notebook_step(args.taehv_dir, args.seraena_dir, device)}
+    steps["ours"], config = our_step(device, args.set)
+    times = {name: [] for name in steps}
+    for round_ in range(args.rounds + 2):
+        for name, step in steps.items():
+            seconds = timed(step, device)
+            if round_ >= 2:
+                times[name].append(seconds)
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    result = {
+        "command": " ".join([sys.executable, "-m", "scripts.benchmark_notebook", *(argv if argv is not None else sys.argv[1:])]),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads",
+        "shape": {"batch": BATCH, "frames": FRAMES, "height": SIZE, "width": SIZE, "variant": config.model_variant,
+                  "precision": config.mixed_precision},
+        "seconds_per_step": medians,
+        "all_seconds": times,
+        "ours_over_notebook": medians["ours"] / medians["notebook"],
+    }
+    emit_result(result, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,85 @@
+"""The student's blocks compute the published layout's numbers with fewer bytes moved (issue 39
+item 3): FrameAndPastConv is a convolution of cat([x, past]) with past the frame before, and
+UpsamplingConv a 3x3 convolution of the 2x nearest upsampling. Each is checked against that
+definition (values and gradients), and the student's eager byte count at the h100 shape against
+the same step run through the definitions."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from models.taehv.blocks import FrameAndPastConv, UpsamplingConv
+
+
+def published_frame_and_past(layer: FrameAndPastConv, x, past=None, frames=None):
+    """The published MemBlock's first convolution: the concatenation, past written out."""
+    if past is None:
+        past = torch.zeros_like(x)
+        past.unflatten(0, (-1, frames))[:, 1:] = x.unflatten(0, (-1, frames))[:, :-1]
+    return F.conv2d(torch.cat([x, past], 1), layer.weight, layer.bias, layer.stride, layer.padding)
+
+
+def published_upsampling(layer: UpsamplingConv, x):
+    """The published Upsample(scale_factor=2) then the 3x3 convolution."""
+    return F.conv2d(F.interpolate(x, scale_factor=2, mode="nearest"), layer.weight, layer.bias, padding=1)
+
+
+def values_and_gradients(fn, x, layer):
+    x = x.detach().requires_grad_(True)
+    layer.zero_grad()
+    y = fn(x)
+    y.backward(torch.arange(y.numel(), dtype=y.dtype).reshape(y.shape).sin())  # a gradient with no symmetry
+    return y.detach(), x.grad, layer.weight.grad.clone()
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("kernel", [3, 1])  # MemBlock's 3x3, WideMemBlock's 1x1
+def test_frame_and_past_conv_is_the_convolution_of_the_frame_beside_the_one_before(channels_last, kernel):
+    torch.manual_seed(0)
+    clips, frames, channels = 3, 5, 6
+    layer = FrameAndPastConv(2 * channels, 4, kernel, padding=kernel // 2).double()
+    x = torch.randn(clips * frames, channels, 7, 9, dtype=torch.float64)
+    if channels_last:
+        x, layer = x.contiguous(memory_format=torch.channels_last), layer.to(memory_format=torch.channels_last)
+    ours = values_and_gradients(lambda v: layer(v, frames=frames), x, layer)
+    published = values_and_gradients(lambda v: published_frame_and_past(layer, v, frames=frames), x, layer)
+    for a, b in zip(ours, published):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    past = torch.randn_like(x)  # one frame at a time (streaming): any past
+    torch.testing.assert_close(layer(x, past), published_frame_and_past(layer, x, past), rtol=1e-12, atol=1e-12)
+    if channels_last:  # the output stays NHWC, no layout copy before the next convolution (in fp32: this
+        # CPU's fp64 and bf16 3-D convolutions fall back to an NCDHW kernel; cuDNN's keep NDHWC)
+        assert layer.float()(x.float(), frames=frames).is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_upsampling_conv_is_the_convolution_of_the_upsampled_input(channels_last):
+    torch.manual_seed(0)
+    layer = UpsamplingConv(5, 4, 3, padding=1, bias=False).double()
+    x = torch.randn(6, 5, 7, 9, dtype=torch.float64)
+    if channels_last:
+        x, layer = x.contiguous(memory_format=torch.channels_last), layer.to(memory_format=torch.channels_last)
+    ours = values_and_gradients(layer, x, layer)
+    published = values_and_gradients(lambda v: published_upsampling(layer, v), x, layer)
+    for a, b in zip(ours, published):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    if channels_last:
+        assert layer(x).is_contiguous(memory_format=torch.channels_last)
+
+
+def test_the_student_moves_at_least_15_percent_fewer_bytes_than_through_the_published_blocks(monkeypatch):
+    """The eager count at the h100 shape (4 x 9 x 480x720, bf16, latents cached: encode and two
+    decodes, forward and backward), as the dry run prints it, against the same step with the two
+    convolutions run as the published layout runs them."""
+    from training.config.load import load_config
+    from training.plan.step_flops import count_step_costs
+
+    config = load_config("h100", [], check_paths=False)
+    config.latent_cache = "(latents in memory)"
+    ours = count_step_costs(config)["student"]
+    monkeypatch.setattr(FrameAndPastConv, "forward", published_frame_and_past)
+    monkeypatch.setattr(UpsamplingConv, "forward", published_upsampling)
+    published = count_step_costs(config)["student"]
+    assert ours["bytes"] <= 0.85 * published["bytes"], (ours["bytes"] / 1e9, published["bytes"] / 1e9)
+    assert ours["flops"] < published["flops"]  # 4 products per output pixel where the upsampled input took 9
+    assert "upsample_nearest2d" not in ours["ops"] and ours["ops"]["cat"] < 0.02 * published["ops"]["cat"]  # the video padded to 12 frames
