@@ -38,9 +38,6 @@ OUR_FRAMES = 9  # Wan's 4k+1 frames with the notebook's 3 latent frames (the mod
 
 
 def import_file(path: Path):
-    if not path.is_file():
-        raise SystemExit(f"{path} not found: point --taehv-dir / --seraena-dir at checkouts of madebyollin/taehv and "
-                         "madebyollin/seraena (or set TAEHV_UPSTREAM_DIR / SERAENA_UPSTREAM_DIR)")
     spec = importlib.util.spec_from_file_location(f"upstream_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -111,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], help="a config override for our step (KEY=VALUE)")
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args(argv)
+    for path in (args.taehv_dir / "taehv.py", args.seraena_dir / "seraena.py"):
+        if not path.is_file():
+            raise SystemExit(f"{path} not found: point --taehv-dir / --seraena-dir at checkouts of madebyollin/taehv and "
+                             "madebyollin/seraena (or set TAEHV_UPSTREAM_DIR / SERAENA_UPSTREAM_DIR)")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     steps = {"notebook": notebook_step(args.taehv_dir, args.seraena_dir, device)}
     steps["ours"], config = our_step(device, args.set)

@@ -233,3 +233,15 @@ def test_data_benchmark_decode_cost_reports_raw_and_prepared(tmp_path):
     assert all(v > 0 for v in result["core_s_per_clip"].values())
     assert result["prepared_over_raw"] == pytest.approx(result["core_s_per_clip"]["prepared"] / result["core_s_per_clip"]["raw"], rel=0.01)
     assert result["decode_cost_clip"].startswith("9 frames of 480x720") and result["prepared_clips"] >= 1
+
+
+def test_the_notebook_benchmark_names_the_missing_upstream_file_in_one_line(tmp_path):
+    """Without checkouts of madebyollin/taehv and madebyollin/seraena there is nothing to compare
+    with: one line names the file and the fix, before any model is built."""
+    completed = subprocess.run([sys.executable, "-m", "scripts.benchmark_notebook", "--taehv-dir", str(tmp_path / "taehv"),
+                                "--seraena-dir", str(tmp_path / "seraena")], cwd=REPO_ROOT, capture_output=True, text=True,
+                               timeout=120)
+    assert completed.returncode == 1
+    assert completed.stderr.strip() == (f"{tmp_path / 'taehv' / 'taehv.py'} not found: point --taehv-dir / --seraena-dir at "
+                                        "checkouts of madebyollin/taehv and madebyollin/seraena (or set TAEHV_UPSTREAM_DIR / "
+                                        "SERAENA_UPSTREAM_DIR)")
