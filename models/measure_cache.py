@@ -23,7 +23,7 @@ def cached_measurement(name: str, config, keys: tuple[str, ...], code: tuple[str
 
 def cached(name: str, key: str, measure):
     """measure() (JSON-able), or what it returned before under `key` in ~/.cache/taehv/<name>.json."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "taehv" / f"{name}.json"
+    cache = cache_root() / f"{name}.json"
     try:
         known = json.loads(cache.read_text())
     except (OSError, ValueError):
@@ -39,3 +39,20 @@ def cached(name: str, key: str, measure):
         except OSError:
             pass  # a read-only home: measured again next time
     return known[key]
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "taehv"
+
+
+def compile_cache_dir() -> str:
+    """Where torch.compile keeps its artefacts (inductor's FX graph cache, autotuning results), set
+    for this process before anything compiles: TORCHINDUCTOR_CACHE_DIR when the user set it, else
+    <cache root>/inductor, so a later run of the same shapes reuses them after a container's /tmp is
+    gone. torch's own default (/tmp/torchinductor_<user>), which importing diffusers already writes
+    into the variable, counts as unset."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR", default_cache_dir()) == default_cache_dir():
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root() / "inductor")
+    return os.environ["TORCHINDUCTOR_CACHE_DIR"]

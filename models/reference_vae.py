@@ -106,6 +106,7 @@ class ReferenceVAE(nn.Module):
             self._measured_rule = (*vae_geometry.frame_rule(geometry, student), vae_geometry.agreeing_counts(geometry, student)[0])
         self.sample_latents = sample_latents
         self.memory_format = torch.contiguous_format  # set_channels_last() changes it
+        self.compiled_encode = None  # compile_encode() sets it
         self.latent_space = (vae_geometry.resolve_latent_space(geometry, latent_space) if geometry is not None
                              else resolve_latent_space(family, latent_space))
         shift, scale = latent_space_transform(vae, self.latent_space)
@@ -154,12 +155,18 @@ class ReferenceVAE(nn.Module):
                 parameter.data = parameter.data.contiguous(memory_format=torch.channels_last_3d)
         return self
 
+    def compile_encode(self, backend: str) -> "ReferenceVAE":
+        """The VAE's own encode through torch.compile (ref_vae_compile): the first encode of each shape
+        compiles; the pixel conversion, the latent sample with its generator and the checks stay eager."""
+        self.compiled_encode = torch.compile(self.vae.encode, backend=backend)
+        return self
+
     def _latent_dist(self, video: torch.Tensor):
         if not self.takes_frame_count(video.shape[1]):
             raise ValueError(f"{video.shape[1]} frames do not suit the {self.family} VAE: use one of "
                              f"{self.valid_frame_counts(50)}")
         x = self._to_vae_pixels(video.permute(0, 2, 1, 3, 4))  # N,C,T,H,W in the VAE's pixel convention
-        return self.vae.encode(x.to(self.dtype).contiguous(memory_format=self.memory_format)).latent_dist
+        return (self.compiled_encode or self.vae.encode)(x.to(self.dtype).contiguous(memory_format=self.memory_format)).latent_dist
 
     def _to_vae_pixels(self, frames: torch.Tensor) -> torch.Tensor:
         """N,C,T,H,W in [0, 1] -> [-1, 1], or ImageNet-normalised for MiniMax H3."""

@@ -166,8 +166,11 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
                           "storage_retry_s or raise step_timeout_s")
     if c.decode_threads < 1:
         raise ConfigError(f"decode_threads={c.decode_threads} must be at least 1 (decoder threads per data worker)")
-    if c.compile and c.compile_backend not in COMPILE_BACKENDS:
+    if (c.compile or c.ref_vae_compile) and c.compile_backend not in COMPILE_BACKENDS:
         raise ConfigError(f"compile_backend={c.compile_backend!r}: choose one of {', '.join(COMPILE_BACKENDS)}")
+    if c.ref_vae_compile and (not c.use_ref_vae or c.latent_cache):
+        raise ConfigError(f"ref_vae_compile=true with {f'latent_cache={c.latent_cache!r}' if c.use_ref_vae else 'use_ref_vae=false'}: "
+                          "no reference VAE encodes in this run; set ref_vae_compile=false")
     if c.seraena_buffer_gb <= 0:
         raise ConfigError(f"seraena_buffer_gb={c.seraena_buffer_gb} must be positive (host memory per rank for the replay buffer)")
     for key in (*WEIGHT_KEYS, "learning_rate"):

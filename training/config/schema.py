@@ -97,7 +97,7 @@ class TrainConfig:
                                  resume_may_change=True, measured=("memory",))
     compile: bool = option(False, "torch.compile the student's parallel encode and decode (the first steps compile; "
                            "DDP or ZeRO-1/2, not ZeRO-3)", resume_may_change=True)
-    compile_backend: str = option("inductor", "torch.compile backend when compile=true: inductor (generates kernels), "
+    compile_backend: str = option("inductor", "torch.compile backend of compile and ref_vae_compile: inductor (generates kernels), "
                                   "aot_eager or eager (no code generation: checks on machines without a compiler)",
                                   resume_may_change=True)
     cudnn_benchmark: bool = option(True, "let cuDNN time its convolution algorithms for each shape (CUDA only); off "
@@ -120,6 +120,8 @@ class TrainConfig:
     ref_vae_channels_last: bool = option(False, "the reference VAE's 3-D convolutions in channels_last_3d (NDHWC): "
                                          "an LTX decode ran 1.6-1.7x faster so on an H100 (sglang PR 23200); "
                                          "make gpu-check times this VAE's encode both ways and says which to use")
+    ref_vae_compile: bool = option(False, "torch.compile the reference VAE's encode with compile_backend (the first "
+                                   "encode compiles); off until a GPU measures a gain", resume_may_change=True)
     ref_vae_xformers: bool = option(False, "the reference VAE's attention through xformers (pip install -r "
                                     "requirements-gpu-extras.txt); false: PyTorch's SDPA. Turn on only where a GPU "
                                     "measurement shows a gain")

@@ -96,6 +96,19 @@ def configure_cuda(config: TrainConfig) -> None:
         torch.backends.cudnn.allow_tf32 = True
 
 
+def configure_compile(config: TrainConfig, reference_vae) -> None:
+    """Before anything compiles: inductor's artefacts in a folder that outlives the container's /tmp
+    (models/measure_cache.py compile_cache_dir), and the reference VAE's encode compiled
+    (ref_vae_compile) after the start-up checks, whose encodes of other shapes would compile too."""
+    if not (config.compile or config.ref_vae_compile):
+        return
+    from models.measure_cache import compile_cache_dir
+
+    compile_cache_dir()
+    if config.ref_vae_compile and reference_vae is not None:
+        reference_vae.compile_encode(config.compile_backend)
+
+
 def build_model(config: TrainConfig) -> Student:
     if config.pretrained_model_path:
         taehv = TAEHV.from_pretrained(config.pretrained_model_path, variant=student_of(config).variant)

@@ -137,6 +137,9 @@ class FaultInjection:
         if self.oom_micro_steps or self.nonfinite_micro_steps:
             student.register_forward_hook(after_forward)
         if self.cudnn_error_micro_steps:
+            # inside a compiled forward (compile=true): left out of the graph, whose guards would
+            # otherwise test the micro-step counter the hook reads and recompile at every micro-step
+            @torch.compiler.disable
             def cudnn_failure(module, inputs):
                 if once(self.cudnn_error_micro_steps, progress.micro_step):
                     raise RuntimeError(f"cuDNN error: CUDNN_STATUS_ALLOC_FAILED (injected at micro-step {progress.micro_step})")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import torch
@@ -38,6 +39,30 @@ def log_training(run: TrainingRun, window: list[dict], elapsed: float, data_wait
     run.log.line(f"Step {step}/{config.max_steps} | Loss: {scalars['train/loss']:.4f} | "
                  f"PSNR: {scalars.get('train/psnr', float('nan')):.2f} dB | {memory}: {scalars['train/peak_memory_gb']:.1f}GB | "
                  f"{len(window) / config.gradient_accumulation_steps / elapsed:.2f} steps/sec")
+
+
+class CompileTime:
+    """With compile or ref_vae_compile, the first micro-step's time (it compiles) against the next
+    ones', said once in train.log at the first log step that has both. Host times around train_step,
+    whose agreement waits for the forward anyway: no sync, no collective is added."""
+
+    def __init__(self, run: TrainingRun):
+        config, reference = run.config, run.reference_vae
+        parts = ["student"] * config.compile + ["reference encode"] * bool(getattr(reference, "compiled_encode", None))
+        self.what = f"{' and '.join(parts)}, backend {config.compile_backend}" if parts else ""
+        self.times: list[float] = []
+
+    def add(self, seconds: float) -> None:
+        if self.what:
+            self.times.append(seconds)
+
+    def report(self, log) -> None:
+        if not self.what or len(self.times) < 2:
+            return
+        first, later = self.times[0], self.times[1:]
+        log.line(f"compile ({self.what}): first micro-step {first:.1f} s (compiling), then {sum(later) / len(later):.2f} s "
+                 f"(mean of the next {len(later)}); compiled artefacts in {os.environ.get('TORCHINDUCTOR_CACHE_DIR')}")
+        self.what = ""  # once
 
 
 def skip_counts(accelerator, failures) -> dict:

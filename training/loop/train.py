@@ -38,12 +38,13 @@ from training.loop.build import (
     build_train_loader,
     check_deepspeed_batch,
     choose_sample_data,
+    configure_compile,
     configure_cuda,
 )
 from training.loop.checkpoints import check_run_folder, checkpoint_due, resume, save_checkpoint
 from training.loop.exports import current_weights, export_info, export_model
 from training.loop.recovery import StoppedInsideACollective, TrainingStopped, note_bad_step, shorten_collective_timeout
-from training.loop.report import log_due, log_training
+from training.loop.report import CompileTime, log_due, log_training
 from training.loop.fault_injection import FaultInjection
 from training.loop.state import TrainingRun
 from training.loop.step import train_step
@@ -145,6 +146,7 @@ def build_run(args: argparse.Namespace) -> TrainingRun:
     latent_space_report, problem = check_starting_latent_space(config, reference_vae, validation_dataset)
     if problem:
         raise LatentSpaceError(problem)
+    configure_compile(config, reference_vae)  # before anything compiles, after the checks' own encodes
     if rank == 0:  # the inputs passed: only now does the run folder get written
         record_run(launch)
         if latent_space_report is not None:
@@ -296,6 +298,7 @@ def train(run: TrainingRun) -> None:
     checkpoints at their intervals."""
     config, accelerator, progress = run.config, run.accelerator, run.progress
     last_log_time, data_wait, window = time.perf_counter(), 0.0, []
+    compile_time = CompileTime(run)  # says nothing unless something compiles
     bar = None
     if accelerator.is_main_process and sys.stdout.isatty():
         from tqdm import tqdm
@@ -310,7 +313,9 @@ def train(run: TrainingRun) -> None:
             if batch is not None:
                 run.failures.update(batch["skipped"], len(batch["video"]))
             progress.micro_step += 1
+            step_start = time.perf_counter()
             logged, skip_reason, where = train_step(run, batch)
+            compile_time.add(time.perf_counter() - step_start)
             if logged is None:
                 if skip_reason:  # "" when only this rank knows yet (a backward out of memory)
                     note_bad_step(run, skip_reason, where)
@@ -335,6 +340,7 @@ def train(run: TrainingRun) -> None:
                 note_discriminator_reset(run)
                 elapsed = time.perf_counter() - last_log_time
                 log_training(run, window, elapsed, data_wait)
+                compile_time.report(run.log)
                 last_log_time, data_wait, window = time.perf_counter(), 0.0, []
             if validation_due(config, step):
                 validation_start = time.perf_counter()

@@ -160,6 +160,12 @@ def main(argv: list[str] | None = None) -> int:
                 for line in lines:
                     print(f"  {line}")
 
+        if config.compile or config.ref_vae_compile:
+            from models.measure_cache import compile_cache_dir
+
+            what = " and ".join(["the student"] * config.compile + ["the reference encode"] * config.ref_vae_compile)
+            print(f"compile ({what}, backend {config.compile_backend}; docs/performance.md#compile):")
+            print(f"  the first micro-step compiles (train.log says how long); artefacts cached in {compile_cache_dir()}")
         budget = decode_budget_lines(at_largest_bucket(config))
         if budget:
             print("data loading (training/plan/decode_budget.py):")
