@@ -66,14 +66,15 @@ def test_the_h100_dry_run_json_carries_bytes_flops_and_a_floor_per_part(tmp_path
     flops, moved, floor = report["flops_per_micro_step"], report["bytes_per_micro_step"], report["predicted_floor_s"]
     assert set(flops) == set(moved) == set(floor) == {"student", "lpips", "seraena", "reference", "optimizer", "total"}
     assert report["student_flops_per_micro_step"] == flops["student"]
-    # the issue's eager count of the student at 4 x 9 x 480x720 in bf16: about 299 GB
-    assert report["student_bytes_per_micro_step"] == moved["student"] and 250e9 < moved["student"] < 350e9
+    # the student's eager count at 4 x 9 x 480x720 in bf16: 228 GB (the issue counted about 299 with the
+    # published blocks, which tests/test_fewer_bytes.py compares against)
+    assert report["student_bytes_per_micro_step"] == moved["student"] and 200e9 < moved["student"] < 260e9
     for part in ("student", "lpips", "seraena", "reference", "optimizer"):
         assert floor[part] == max(flops[part] / 989e12, moved[part] / 3.35e12), part
     assert floor["total"] == pytest.approx(sum(v for k, v in floor.items() if k != "total"))
     assert report["floor_device"] == H100.label() and report["device"].startswith("none (dry run")
     printed = capsys.readouterr().err
-    assert re.search(rf"student +41\.1 TFLOP +{moved['student'] / 1e9:.1f} GB +floor +{floor['student'] * 1e3:.1f} ms", printed)
+    assert re.search(rf"student +{flops['student'] / 1e12:.1f} TFLOP +{moved['student'] / 1e9:.1f} GB +floor +{floor['student'] * 1e3:.1f} ms", printed)
 
 
 def test_the_dry_run_prints_each_parts_floor_and_the_clips_per_s_it_caps(capsys):
