@@ -23,7 +23,9 @@ LAUNCHER = str(REPO_ROOT / "train_taehv_h100.sh")
 MULTINODE = str(REPO_ROOT / "start_multinode_platform.sh")
 
 
-def run(args, env_extra=None, timeout=300, cwd=REPO_ROOT):
+# catches a hang, not slowness: the bf16 ZeRO-2 launch took 83 s alone, 139 s beside the other test
+# worker, and past 300 s once when a third heavy process shared the 2 cores
+def run(args, env_extra=None, timeout=600, cwd=REPO_ROOT):
     env = {**os.environ, "PYTHON": sys.executable, "MASTER_PORT": str(free_port()), **(env_extra or {})}
     return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
