@@ -23,14 +23,13 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from scripts.benchmark import PhaseTimer, profile_step
 from scripts.results import emit_result
 
 BATCH, FRAMES, SIZE, GROUP = 16, 12, 64, 3  # the notebook's batch, frames, crop and Seraena frame group
@@ -78,7 +77,6 @@ def notebook_step(taehv_dir: Path, seraena_dir: Path, device: torch.device):
 
 
 def our_step(device: torch.device, sets: list[str]):
-    from scripts.benchmark import profile_step
     from training.config.load import load_config
 
     config = load_config("cpu", ["recipe=seraena-notebook", "use_ref_vae=true", "ref_vae_family=wan", "model_variant=taew2_1",
@@ -88,16 +86,6 @@ def our_step(device: torch.device, sets: list[str]):
     step, window = profile_step(config, device, cached_latents=True)
     assert window == 1
     return step, config
-
-
-def timed(step, device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,13 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     steps = {"notebook": notebook_step(args.taehv_dir, args.seraena_dir, device)}
     steps["ours"], config = our_step(device, args.set)
-    times = {name: [] for name in steps}
-    for round_ in range(args.rounds + 2):
+    timer = PhaseTimer(device)  # scripts/benchmark.py's: synchronized around each step
+    for _ in range(args.rounds + 2):
         for name, step in steps.items():
-            seconds = timed(step, device)
-            if round_ >= 2:
-                times[name].append(seconds)
-    medians = {name: statistics.median(values) for name, values in times.items()}
+            timer(name, step)
+    medians = timer.medians(2)
+    times = {name: values[2:] for name, values in timer.times.items()}
     result = {
         "command": " ".join([sys.executable, "-m", "scripts.benchmark_notebook", *(argv if argv is not None else sys.argv[1:])]),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads",

@@ -148,9 +148,12 @@ class TGrow(nn.Module):
         return regroup_frames(self.conv(x), self.stride)
 
 
-# which of a 3x3 kernel's rows (columns) reach each of the 4 rows (columns) of the transposed
-# convolution's kernel through a 2x nearest-neighbour upsampling (UpsamplingConv)
-_UPSAMPLED_TAPS = ((0, 0, 1), (0, 1, 1), (1, 1, 0), (1, 0, 0))
+def _through_upsampling(weight: torch.Tensor, dim: int) -> torch.Tensor:
+    """A 3-tap axis of a kernel as the 4 taps of a stride-2 transposed convolution that upsamples 2x
+    by nearest neighbour first: each output row of an upsampled pair reads two input rows, whose
+    weights are the sums of the taps that land on them."""
+    w0, w1, w2 = weight.unbind(dim)
+    return torch.stack([w2, w1 + w2, w0 + w1, w0], dim)
 
 
 class UpsamplingConv(nn.Conv2d):
@@ -163,10 +166,10 @@ class UpsamplingConv(nn.Conv2d):
     the Upsample's position holds an Identity."""
 
     def forward(self, x):
-        # the sums in fp32 at least, one rounding to a bf16 weight's dtype; transposed layout C_in,C_out,4,4
-        dtype = torch.promote_types(self.weight.dtype, torch.float32)
-        taps = torch.tensor(_UPSAMPLED_TAPS, dtype=dtype, device=x.device)
-        kernel = torch.einsum("yd,ocde,xe->coyx", taps, self.weight.to(dtype), taps).to(self.weight.dtype)
+        # the sums in fp32 at least, one rounding to a bf16 weight's dtype; no constant is made on the
+        # device (a host-to-device copy each step); transposed layout C_in,C_out,4,4
+        weight = self.weight.to(torch.promote_types(self.weight.dtype, torch.float32))
+        kernel = _through_upsampling(_through_upsampling(weight, 2), 3).transpose(0, 1).to(self.weight.dtype)
         if x.is_contiguous(memory_format=torch.channels_last):
             kernel = kernel.contiguous(memory_format=torch.channels_last)
         return F.conv_transpose2d(x, kernel, self.bias, stride=2, padding=1)
