@@ -11,6 +11,7 @@ stopped() during it (2 config, 3 data or a stop the run decided, 4 another rank 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from models.cpu_bf16 import bf16_convolutions
 from training.base.agreement import agree
 from training.base.failures import die_with_launcher, is_collective_timeout, is_peer_gone, set_collective_timeout
 from training.base.run_log import RunLog, start_profiler
@@ -108,16 +110,26 @@ def main(argv: list[str] | None = None) -> int:
     except REFUSALS as error:
         code, prefix = next((code, prefix) for kinds, code, prefix in STARTUP_FAILURES if isinstance(error, kinds))
         return fail(code, prefix + (error_line(error) if isinstance(error, ConfigError) else str(error)))
-    try:
-        train(run)
-    except (DataFailureError, TrainingStopped, RuntimeError) as error:
-        return stopped(run, error)
-    if run.stop.agreed:
-        run.accelerator.end_training()
-        if run.accelerator.is_main_process:  # tells the launcher this stop was handled (see train_taehv_h100.sh)
-            (run.run_dir / "STOPPED_CLEANLY").write_text(f"checkpoint-{run.progress.step}\n")
-        return 0  # preempted: the checkpoint is written; --resume latest continues
-    return finish(run)
+    with convolutions_of(run):
+        try:
+            train(run)
+        except (DataFailureError, TrainingStopped, RuntimeError) as error:
+            return stopped(run, error)
+        if run.stop.agreed:
+            run.accelerator.end_training()
+            if run.accelerator.is_main_process:  # tells the launcher this stop was handled (see train_taehv_h100.sh)
+                (run.run_dir / "STOPPED_CLEANLY").write_text(f"checkpoint-{run.progress.step}\n")
+            return 0  # preempted: the checkpoint is written; --resume latest continues
+        return finish(run)
+
+
+def convolutions_of(run: TrainingRun):
+    """A bf16 run on a CPU without bf16 instructions computes its convolutions in fp32 from the bf16
+    values and writes bf16, as CUDA's kernels do, instead of PyTorch's naive bf16 path (8x slower:
+    models/cpu_bf16.py). Not under torch.compile, which traces the ops themselves."""
+    if run.config.compile or run.config.ref_vae_compile:
+        return contextlib.nullcontext()
+    return bf16_convolutions(run.accelerator.device, torch.bfloat16 if run.config.mixed_precision == "bf16" else torch.float32)
 
 
 def build_run(args: argparse.Namespace) -> TrainingRun:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 
 def read_state(folder: Path, name: str, present: list[str] | None = None) -> dict | None:
     """The state called `name` in a checkpoint folder, or None. The one reader of checkpoint
@@ -14,6 +12,8 @@ def read_state(folder: Path, name: str, present: list[str] | None = None) -> dic
     names hold accelerate's custom_checkpoint_<i>.pkl, numbered in STATE_NAMES order among the
     parts that run had: given `present` (a resuming run has the same parts), else recognised by
     content (only the EMA can be)."""
+    import torch  # here, not at the top: the launcher's config step reads run folders and never a state (~2.7 s a launch)
+
     path = folder / f"{name}_state.pt"
     if path.is_file():
         return torch.load(path, map_location="cpu", weights_only=False)
