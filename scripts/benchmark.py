@@ -67,6 +67,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from models.cpu_bf16 import Bf16ConvolutionsInFp32, bf16_convolutions  # noqa: E402
 from models.reference_families import FAMILIES  # noqa: E402
 from models.taehv import TAEHV  # noqa: E402
 from scripts.results import emit_result  # noqa: E402
@@ -369,7 +370,13 @@ def profile_step(config, device: torch.device, cached_latents: bool, parts=None)
     parts.watch(student, "student_forward")  # inside forward_losses: the losses' time is theirs without it
     parts.watch(lpips, "lpips")
 
+    convolutions = bf16_convolutions(device, dtype)  # fp32-accumulated on a CPU without bf16 units, as the trainer runs
+
     def step():
+        with convolutions:
+            micro_steps()
+
+    def micro_steps():
         for micro_step in range(window):
             step_latents = latents
             if not cached_latents and reference is not None:
@@ -428,8 +435,11 @@ def profile_benchmark(args) -> dict:
         result["device"] = "none (dry run: FLOPs and bytes counted on the meta device, nothing run)"
         return result
     # the step's dtypes: the student's, and on a CPU the reference VAE's fp32 (profile_step_time)
-    dtypes = tuple({torch.bfloat16 if config.mixed_precision == "bf16" else torch.float32,
-                    *([torch.float32] if device.type == "cpu" and config.use_ref_vae and not cached else [])})
+    # (the student's convolutions run in fp32 on a CPU without bf16 units: models/cpu_bf16.py)
+    student_dtype = torch.bfloat16 if config.mixed_precision == "bf16" else torch.float32
+    if isinstance(bf16_convolutions(device, student_dtype), Bf16ConvolutionsInFp32):
+        student_dtype = torch.float32
+    dtypes = tuple({student_dtype, *([torch.float32] if device.type == "cpu" and config.use_ref_vae and not cached else [])})
     peak_before = measured_peak_flops(device, dtypes)
     parts = TimedParts(device) if args.kernels else None
     step, window = profile_step(config, device, cached, parts)
