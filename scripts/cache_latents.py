@@ -173,10 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     batch_size = args.batch_size or config.batch_size_per_gpu
     print(f"rank {rank}: {config.reference_family} reference VAE in {str(reference.dtype).removeprefix('torch.')} on "
           f"{accelerator.device}, {batch_size} clips per encode", flush=True)
-    started, written, reused, clips, encode_s = time.perf_counter(), 0, 0, 0, 0.0
+    started, written, reused, clips, encode_s, failed = time.perf_counter(), 0, 0, 0, 0.0, False
     for split in SPLITS:
         shards = meta["splits"][split]["shards"]
         for shard in range(rank, shards, world):  # round robin: any world size continues any cache
+            if failed:
+                break
             path = shard_path(args.out, split, shard)
             if path.is_file():
                 reused += 1
@@ -187,18 +189,30 @@ def main(argv: list[str] | None = None) -> int:
                                                    DTYPES[args.dtype], meta["stores_logvar"])
                 write_shard(path, shard_data)
             except (CacheError, DataFailureError) as error:
+                # this rank stops encoding but meets the others in the gather below (returning here had
+                # torchrun end them mid-shard); every shard written stays, for the same command to continue
                 print(f"error on rank {rank}: {error}", file=sys.stderr, flush=True)
-                return 2
+                failed = True
+                break
             written, clips, encode_s = written + 1, clips + len(shard_keys), encode_s + seconds
             print(f"rank {rank}: {split} shard {shard + 1}/{shards} written ({len(shard_keys)} clips, "
                   f"{time.perf_counter() - started:.0f} s)", flush=True)
     wall_s = time.perf_counter() - started
     print(f"rank {rank}: {written} shards written, {reused} already there; {rate_line(clips, wall_s, encode_s)}", flush=True)
-    # every rank's (clips, seconds, encode seconds): the pass's rate is all clips over the slowest rank's time
-    ranks = accelerator.gather(torch.tensor([[clips, wall_s, encode_s]], dtype=torch.float64, device=accelerator.device))
+    # every rank's (clips, seconds, encode seconds, failed): the pass's rate is all clips over the slowest rank's time
+    rows = accelerator.gather(torch.tensor([[clips, wall_s, encode_s, failed]], dtype=torch.float64,
+                                           device=accelerator.device)).cpu().tolist()
     accelerator.wait_for_everyone()
+    failed_ranks = [r for r, row in enumerate(rows) if row[3]]
+    if failed_ranks:
+        if accelerator.is_main_process:
+            print(f"error: rank {', '.join(map(str, failed_ranks))} stopped on an error (above); the shards "
+                  "written are kept: fix the cause and re-run the same command to encode the missing ones only",
+                  file=sys.stderr, flush=True)
+        accelerator.end_training()
+        return 2
     if accelerator.is_main_process:
-        finish(args.out, meta, encode_pass(ranks.cpu().tolist(), batch_size, reference.dtype, accelerator.device))
+        finish(args.out, meta, encode_pass([row[:3] for row in rows], batch_size, reference.dtype, accelerator.device))
     accelerator.end_training()
     return 0
 

@@ -76,6 +76,24 @@ def test_two_processes_write_the_clips_and_latents_training_would_draw(setup, tm
 
 
 @pytest.mark.slow
+def test_a_shard_one_rank_cannot_write_stops_both_ranks_and_keeps_the_others_shards(setup, tmp_path):
+    """Rank 1's first shard cannot be written (a folder holds its path, as a full or read-only disk
+    would refuse it): rank 1 stops encoding, rank 0 finishes its own shards, and both exit with one
+    error naming rank 1. Before, rank 1 returned at once: torchrun then ended rank 0 mid-shard (and
+    a rank on another node would have waited in the closing gather until the collective timeout)."""
+    root, sets = setup
+    out = tmp_path / "cache"
+    blocked = shard_path(out, "train", 1)  # shards go round robin: shard 1 is rank 1's first
+    blocked.mkdir(parents=True)
+    (blocked / "something").write_text("in the way")
+    result = cache_command(out, sets, "--shard-size", "2", "--dtype", "fp32", processes=2)
+    assert result.returncode != 0 and "error on rank 1: " in result.stderr, result.stderr[-3000:]
+    assert "error: rank 1 stopped on an error (above); the shards written are kept" in result.stderr
+    assert shard_path(out, "train", 0).is_file() and shard_path(out, "train", 2).is_file()  # rank 0's work kept
+    assert not json.loads((out / "cache.json").read_text()).get("complete")
+
+
+@pytest.mark.slow
 def test_a_partial_cache_is_refused_then_continued_with_the_missing_shards_only(setup, tmp_path):
     root, sets = setup
     out = tmp_path / "cache"
