@@ -18,7 +18,8 @@ from conftest import REPO_ROOT, free_port
 
 from training.config.load import load_config
 from training.config.schema import ConfigError
-from training.data.buckets import BucketBatchSampler, assign_buckets, at_largest_bucket
+from training.config.views import at_largest_bucket
+from training.data.buckets import BucketBatchSampler, assign_buckets
 from training.data.clips import ClipSpec, DataFailureError, EpochShardSampler, VideoClipDataset
 from training.data.index import ClipIndex, read_index
 

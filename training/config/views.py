@@ -3,6 +3,7 @@ geometry, frame rules, the latent space, the summary lines."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from models.reference_families import FAMILY, FRAME_RULES, public_variant, resolve_latent_space
@@ -139,3 +140,17 @@ def model_lines(c: TrainConfig) -> list[str]:
                  f"{args.spatial_downscale}x spatial, {args.t_downscale}x in time, "
                  f"{c.n_frames} frames -> {c.latent_frames} latents -> {decoded_frame_count(c)} frames")
     return lines
+
+
+def largest_bucket(buckets) -> tuple[int, int]:
+    """The bucket with the most pixels (the first of equal ones): what memory is planned for."""
+    return tuple(max(buckets, key=lambda shape: shape[0] * shape[1]))
+
+
+def at_largest_bucket(config):
+    """The config as the memory, FLOP and shared-memory estimates see it: height x width of the
+    largest bucket, no buckets; the config itself when it has none."""
+    if not config.buckets:
+        return config
+    height, width = largest_bucket(config.buckets)
+    return dataclasses.replace(config, height=height, width=width, buckets=())

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
+from training.config.views import largest_bucket
 from training.data.index import ClipIndex, DataFailureError
 
 
@@ -39,20 +40,6 @@ def assign_buckets(index: ClipIndex, buckets, default_shape: tuple[int, int]) ->
     aspects = displayed_aspects(index)
     aspects[np.isnan(aspects)] = default_shape[1] / default_shape[0]
     return nearest_bucket(aspects, buckets).astype(np.int16)
-
-
-def largest_bucket(buckets) -> tuple[int, int]:
-    """The bucket with the most pixels (the first of equal ones): what memory is planned for."""
-    return tuple(max(buckets, key=lambda shape: shape[0] * shape[1]))
-
-
-def at_largest_bucket(config):
-    """The config as the memory, FLOP and shared-memory estimates see it: height x width of the
-    largest bucket, no buckets; the config itself when it has none."""
-    if not config.buckets:
-        return config
-    height, width = largest_bucket(config.buckets)
-    return dataclasses.replace(config, height=height, width=width, buckets=())
 
 
 def cudnn_autotuning(config) -> bool:

@@ -7,7 +7,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from training.data.buckets import at_largest_bucket
+from training.config.views import at_largest_bucket
 from training.data.shared_memory import SharedMemoryFull, shared_memory_stop
 from training.base.storage import StorageUnavailable
 

@@ -15,7 +15,7 @@ import torch
 from models.taehv import TAEHV
 from training.config.schema import TrainConfig
 from training.config.terms import student_needs
-from training.config.views import measured_geometry, student_of
+from training.config.views import at_largest_bucket, measured_geometry, student_of
 from training.step.losses import Student
 from training.step.optimizer import deepspeed_data_types, deepspeed_zero_settings, student_parameter_count
 from training.step.seraena import SeraenaState
@@ -147,7 +147,6 @@ def build_reference_vae(config: TrainConfig, device):
 
 
 def build_seraena(config: TrainConfig, accelerator, taehv: TAEHV):
-    from training.data.buckets import at_largest_bucket
     from training.step.seraena import replay_capacity, replay_pair_bytes
 
     if config.seraena_weight <= 0:

@@ -12,13 +12,12 @@ from training.config.inputs import data_root_problem, input_problems
 from training.config.load import profile_overrides, stage_names
 from training.config.schema import ACCELERATE_CONFIG_DIR, ConfigError, TrainConfig, error_line, tagged
 from training.config.terms import schedule_lines
-from training.config.views import config_summary, model_lines
+from training.config.views import at_largest_bucket, config_summary, model_lines
 
 
 def print_memory(config: TrainConfig, check_gpu_budget: bool, problem_stream, processes_per_node: int | None = None) -> bool:
     """The memory estimate lines (and the data loaders' shared memory per node against this
     machine's /dev/shm); True (and the fix printed) when the GPU estimate exceeds gpu_memory_gb."""
-    from training.data.buckets import at_largest_bucket
     from training.data.shared_memory import shared_memory_line
     from training.plan.memory import budget_problem, estimate_memory
 
@@ -137,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         print("loss schedule (in optimizer steps; docs/training.md#loss-schedules):")
         for line in schedule_lines(config):
             print(f"  {line}")
-        from training.data.buckets import at_largest_bucket, bucket_lines
+        from training.data.buckets import bucket_lines
 
         if config.buckets:  # aspect buckets: their share of the clips; the estimates below are at the largest
             print("buckets (training/data/buckets.py, docs/data.md#aspect-buckets):")
@@ -179,8 +178,6 @@ def main(argv: list[str] | None = None) -> int:
             print("  ok: every file and folder the config names is there")
         return 1 if problems else 3 if over_budget else 0
     if args.bytes:
-        from training.data.buckets import at_largest_bucket
-
         print_roofline(at_largest_bucket(config), top_ops=12)
         return 0
     if args.memory:
@@ -191,7 +188,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  missing: {problem}")
         return 1 if problems else 0
     if args.shell:
-        from training.data.buckets import at_largest_bucket
         from training.data.shared_memory import shared_memory_problem
 
         shell_values = {

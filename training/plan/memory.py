@@ -47,8 +47,7 @@ from models.measure_cache import cached_measurement
 from models.reference_families import FAMILY
 from training.config.schema import measured_keys
 from training.config.terms import needs_module
-from training.config.views import measured_geometry, student_of
-from training.data.buckets import at_largest_bucket
+from training.config.views import at_largest_bucket, measured_geometry, student_of
 from training.step.seraena import replay_buffer_bytes
 
 GB = 1e9
