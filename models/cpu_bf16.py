@@ -24,13 +24,18 @@ def _bf16(value):
     return value.bfloat16() if isinstance(value, torch.Tensor) and value.dtype == torch.float32 else value
 
 
+def _all_bf16_on_cpu(args) -> bool:
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    return bool(tensors) and all(t.dtype == torch.bfloat16 and t.device.type == "cpu" for t in tensors)
+
+
 class Bf16ConvolutionsInFp32(TorchDispatchMode):
-    """Within it, a convolution (forward or backward) of bf16 CPU tensors runs in fp32 and returns bf16."""
+    """Within it, a convolution (forward or backward) whose tensors are all bf16 on the CPU runs in
+    fp32 and returns bf16. A mix of dtypes goes to PyTorch's own kernel, which refuses it as CUDA's does."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in CONVOLUTIONS and any(isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 and a.device.type == "cpu"
-                                        for a in args):
+        if func in CONVOLUTIONS and _all_bf16_on_cpu(args):
             return tree_map(_bf16, func(*tree_map(_float, args), **kwargs))
         return func(*args, **kwargs)
 
@@ -39,9 +44,12 @@ def cpu_has_fast_bf16() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+def convolutions_in_fp32(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a step in `dtype` on `device` computes its convolutions in fp32 (Bf16ConvolutionsInFp32)."""
+    return device.type == "cpu" and dtype == torch.bfloat16 and not cpu_has_fast_bf16()
+
+
 def bf16_convolutions(device: torch.device, dtype: torch.dtype):
-    """The context a bf16 step on `device` runs in: fp32-accumulated convolutions on a CPU without
-    bf16 instructions, nothing elsewhere."""
-    if device.type == "cpu" and dtype == torch.bfloat16 and not cpu_has_fast_bf16():
-        return Bf16ConvolutionsInFp32()
-    return contextlib.nullcontext()
+    """The context a step in `dtype` on `device` runs in: fp32-accumulated convolutions on a CPU
+    without bf16 instructions, nothing elsewhere."""
+    return Bf16ConvolutionsInFp32() if convolutions_in_fp32(device, dtype) else contextlib.nullcontext()

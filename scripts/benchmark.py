@@ -67,7 +67,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from models.cpu_bf16 import Bf16ConvolutionsInFp32, bf16_convolutions  # noqa: E402
+from models.cpu_bf16 import bf16_convolutions, convolutions_in_fp32  # noqa: E402
 from models.reference_families import FAMILIES  # noqa: E402
 from models.taehv import TAEHV  # noqa: E402
 from scripts.results import emit_result  # noqa: E402
@@ -437,7 +437,7 @@ def profile_benchmark(args) -> dict:
     # the step's dtypes: the student's, and on a CPU the reference VAE's fp32 (profile_step_time)
     # (the student's convolutions run in fp32 on a CPU without bf16 units: models/cpu_bf16.py)
     student_dtype = torch.bfloat16 if config.mixed_precision == "bf16" else torch.float32
-    if isinstance(bf16_convolutions(device, student_dtype), Bf16ConvolutionsInFp32):
+    if convolutions_in_fp32(device, student_dtype):
         student_dtype = torch.float32
     dtypes = tuple({student_dtype, *([torch.float32] if device.type == "cpu" and config.use_ref_vae and not cached else [])})
     peak_before = measured_peak_flops(device, dtypes)

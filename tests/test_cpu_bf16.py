@@ -29,11 +29,14 @@ def test_a_bf16_convolution_is_the_fp32_one_of_the_same_values_rounded_to_bf16(c
     assert torch.allclose(native.float(), y.float(), rtol=2e-2, atol=2e-2 * y.float().abs().max().item())
 
 
-def test_other_ops_and_dtypes_pass_through():
+def test_other_ops_and_dtypes_pass_through_and_a_dtype_mix_is_still_refused():
     x, w = torch.randn(1, 2, 4, 4), torch.randn(3, 2, 3, 3)
+    outside = F.conv2d(x, w)
     with Bf16ConvolutionsInFp32():
-        assert torch.equal(F.conv2d(x, w), F.conv2d(x, w))  # fp32 untouched
+        assert torch.equal(F.conv2d(x, w), outside)  # fp32 untouched
         assert (x.bfloat16() * 2).dtype == torch.bfloat16
+        with pytest.raises(RuntimeError):  # as CUDA refuses it: no silent cast of the fp32 weight
+            F.conv2d(x.bfloat16(), w)
 
 
 def test_it_applies_only_to_bf16_on_a_cpu_without_bf16_instructions():
