@@ -106,14 +106,17 @@ def test_a_check_stopped_from_outside_keeps_the_phases_that_ran(tmp_path, signal
         assert ended(pid), "the stopped phase's child still runs"
 
 
-def test_every_phase_fits_the_default_budget_most_valuable_first(tmp_path):
-    """The estimates (measured on an H100) fit 480 s together; the launch first, compile parity last;
-    the two pytest phases leave out the profile benchmark, which phases of its own run."""
+def test_every_phase_but_compile_parity_fits_the_default_budget_most_valuable_first(tmp_path):
+    """The estimates (measured on an H100) of every phase but the last fit 480 s together; the launch
+    first, compile parity (over 230 s on an H100) last; the two pytest phases leave out the profile
+    benchmark, which phases of its own run, and the first also the memory estimate against the peak,
+    which the launch checks at the profile's full shape."""
     phases = gpu_check.phases(tmp_path)
-    assert sum(phase.estimate_s for phase in phases) <= gpu_check.DEFAULT_BUDGET_S
+    assert sum(phase.estimate_s for phase in phases[:-1]) <= gpu_check.DEFAULT_BUDGET_S
     assert phases[0].key == "launch" and phases[-1].key == "compile_parity"
     selections = [phase.command[phase.command.index("-k") + 1] for phase in phases if "-k" in phase.command]
-    assert selections == ["not fast_path_keys and not benchmark_of_the_h100_profile", "fast_path_keys"]
+    assert selections == ["not fast_path_keys and not benchmark_of_the_h100_profile and not memory_estimate",
+                          "fast_path_keys"]
 
 
 @pytest.mark.slow
@@ -143,7 +146,7 @@ def test_the_launch_phase_needs_no_download(tmp_path, monkeypatch):
     assert {term.name for term in active_terms(launch)} == {term.name for term in LOSS_TERMS}
     assert launch.zero_stage == 2 and launch.mixed_precision == "bf16" and (launch.height, launch.width) == (480, 720)
     assert launch.global_batch_size == 2 * launch.batch_size_per_gpu
-    # the H100's figures: 70.3 GB against a plan of 69.2 GB with its 1.5 GB of CUDA context
-    assert peak_against_plan(70.3, 69.2, 1.5)[1] == ""
-    assert "above the plan's 67.7 GB" in peak_against_plan(80.0, 69.2, 1.5)[1]
-    assert "below the plan's 67.7 GB" in peak_against_plan(50.0, 69.2, 1.5)[1]
+    # the H100's figures (2026-11-26): 54.9 GB against a plan of 53.9 GB with its 1.5 GB of CUDA context
+    assert peak_against_plan(54.9, 53.9, 1.5)[1] == ""
+    assert "above the plan's 52.4 GB" in peak_against_plan(62.0, 53.9, 1.5)[1]
+    assert "below the plan's 52.4 GB" in peak_against_plan(43.0, 53.9, 1.5)[1]
