@@ -175,10 +175,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{accelerator.device}, {batch_size} clips per encode", flush=True)
     started, written, reused, clips, encode_s, failed = time.perf_counter(), 0, 0, 0, 0.0, False
     for split in SPLITS:
+        if failed:
+            break
         shards = meta["splits"][split]["shards"]
         for shard in range(rank, shards, world):  # round robin: any world size continues any cache
-            if failed:
-                break
             path = shard_path(args.out, split, shard)
             if path.is_file():
                 reused += 1

@@ -12,8 +12,7 @@ import torch
 import models.seraena
 from models.taehv import TAEHV
 from training.config.load import load_config
-from training.config.views import student_of
-from training.config.views import at_largest_bucket
+from training.config.views import at_largest_bucket, student_of
 from training.loop.build import build_seraena
 from training.plan.memory import GB, estimate_memory
 from training.step.seraena import replay_capacity, replay_pair_bytes

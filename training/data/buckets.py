@@ -5,7 +5,6 @@ per rank, `set_position(epoch, batch)` for an exact resume. docs/data.md#aspect-
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
