@@ -36,7 +36,10 @@ demo: $(STAMP)
 # on launched processes, so two share 2 cores well (31-34 min measured here, where the suite took 39 min
 # serially before its last 16 tests); more need more memory
 TEST_WORKERS ?= 2
+# the DeepSpeed tests on CPU need DeepSpeed's C++ op (2 CPU-minutes to build the first time): built
+# before the suite rather than inside the first such test
 test: $(STAMP)
+	$(PY) -m scripts.build_deepspeed_cpu_op
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # gpu-check runs in the Python a GPU machine was set up with: PY=... given on the command line, else

@@ -60,7 +60,9 @@ DISTILL = ["use_ref_vae=true", "n_frames=9", "encoder_weight=0.1", "decoder_weig
 @pytest.mark.parametrize("mode", ["autoencoder", "cached latents"])
 def test_a_bf16_step_in_each_mode_feeds_every_loss_kernel_one_dtype(mode):
     """One bf16 micro-step, every loss term on, under CUDA's rules: autoencoder mode, and
-    distillation from a latent cache (stored in bf16, as scripts/cache_latents.py writes it)."""
+    distillation from a latent cache (stored in bf16, as scripts/cache_latents.py writes it). Its
+    convolutions run as the trainer runs them on a CPU (models/cpu_bf16.py: same dtypes in and out)."""
+    from models.cpu_bf16 import bf16_convolutions
     from models.metrics import LPIPS
     from training.loop.step import reference_latents_for
     from training.step.losses import add_seraena_term, forward_losses
@@ -74,7 +76,7 @@ def test_a_bf16_step_in_each_mode_feeds_every_loss_kernel_one_dtype(mode):
     video = torch.rand(clips, config.n_frames, 3, 32, 32)  # fp32 in [0, 1], as the loop makes it
     batch = {"latents": torch.randn(clips, 3, 16, 4, 4).bfloat16()} if distill else {}
     run = type("Run", (), {"reference_vae": None})()
-    with CudaDtypeRules() as rules:
+    with bf16_convolutions(torch.device("cpu"), torch.bfloat16), CudaDtypeRules() as rules:
         latents = reference_latents_for(run, batch, video)
         losses = forward_losses(config, student, video, latents, lpips, step=0)
         total = add_seraena_term(config, seraena, losses, last_layer=student.last_layer)
