@@ -220,9 +220,12 @@ def bare_step_variants(args, device: torch.device) -> dict:
         for _ in range(args.steps + 3):
             synchronize(device)
             start = time.perf_counter()
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=setting == "bf16_autocast"):
-                decoded = forward(video)
-            F.mse_loss(decoded.float(), video[:, : decoded.shape[1]]).backward()
+            # bf16 convolutions as the trainer runs them (fp32-accumulated on a CPU without bf16 units)
+            bf16 = setting == "bf16_autocast"
+            with bf16_convolutions(device, torch.bfloat16 if bf16 else torch.float32):
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                    decoded = forward(video)
+                F.mse_loss(decoded.float(), video[:, : decoded.shape[1]]).backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             synchronize(device)
