@@ -32,9 +32,10 @@ demo: $(STAMP)
 	PYTHON=$(PY) ./train_taehv_h100.sh 1 cpu
 	$(PY) inference.py --model output/latest --held-out-of output/latest $(DEMO_EVAL) --out output/latest/evaluation
 
-# two test processes, each test file in one of them (its module fixtures built once): many tests wait
-# on launched processes, so two share 2 cores well (31-34 min measured here, where the suite took 39 min
-# serially before its last 16 tests); more need more memory
+# two test processes, each test file in one of them (its module fixtures built once). The suite is
+# CPU-bound on 2 cores (33 min of pytest on a fresh clone, 2026-11-26): half its CPU goes to the ~125
+# training processes the tests launch, each about 7 s of imports before its first step; a third
+# worker only splits the same cores
 TEST_WORKERS ?= 2
 # the DeepSpeed tests on CPU need DeepSpeed's C++ op (2 CPU-minutes to build the first time): built
 # before the suite rather than inside the first such test

@@ -18,7 +18,7 @@ from conftest import REPO_ROOT
 @pytest.mark.slow
 def test_soak_survives_every_fault_without_losing_a_step(tmp_path):
     out = tmp_path / "soak.json"
-    result = subprocess.run([sys.executable, "-m", "scripts.soak", "--minutes", "10", "--faults", "4", "--max-steps", "24",
+    result = subprocess.run([sys.executable, "-m", "scripts.soak", "--minutes", "10", "--faults", "4", "--max-steps", "16",
                              "--work-dir", str(tmp_path / "work"), "--json", str(out)],
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
     # a soak that stopped on an error writes no report: show why
