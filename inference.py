@@ -65,6 +65,7 @@ from scripts.evaluation_inputs import (
     read_video,
     student_round_trip,
 )
+from training.base.fast_exit import exit_now
 from training.data.decode import ClipError
 
 
@@ -272,4 +273,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

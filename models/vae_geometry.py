@@ -185,11 +185,11 @@ def identify(family: str, path: str) -> tuple[str, VAEGeometry | None]:
 
 
 def geometry_key(config: dict) -> str:
-    import diffusers
+    from importlib.metadata import version  # not `import diffusers` (4 s): a cache hit needs only its version
 
     architecture = {k: v for k, v in sorted(config.items()) if k not in IGNORED_CONFIG_KEYS}
     code = Path(__file__).read_bytes()
-    text = json.dumps([architecture, diffusers.__version__], sort_keys=True).encode()
+    text = json.dumps([architecture, version("diffusers")], sort_keys=True).encode()
     return hashlib.sha1(text + code).hexdigest()
 
 

@@ -72,6 +72,7 @@ from models.reference_families import FAMILIES  # noqa: E402
 from models.taehv import TAEHV  # noqa: E402
 from scripts.results import emit_result  # noqa: E402
 from scripts.step_parts import StepParts, TimedParts, parts_markdown, top_kernels  # noqa: E402
+from training.base.fast_exit import exit_now  # noqa: E402
 
 
 def synchronize(device: torch.device) -> None:
@@ -627,4 +628,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

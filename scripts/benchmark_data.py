@@ -33,6 +33,7 @@ import psutil
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from training.base.fast_exit import exit_now
 from training.data.synthetic_clips import render_clip, write_clip
 from scripts.results import emit_result
 from training.data.clips import ClipSpec, EpochShardSampler, VideoClipDataset
@@ -226,4 +227,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from models.taehv import TAEHV, VARIANTS
+from training.base.fast_exit import exit_now
 from scripts.results import emit_result
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -111,4 +112,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

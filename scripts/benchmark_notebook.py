@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from scripts.benchmark import PhaseTimer, profile_step
 from scripts.results import emit_result
+from training.base.fast_exit import exit_now
 
 BATCH, FRAMES, SIZE, GROUP = 16, 12, 64, 3  # the notebook's batch, frames, crop and Seraena frame group
 OUR_FRAMES = 9  # Wan's 4k+1 frames with the notebook's 3 latent frames (the module docstring)
@@ -123,4 +124,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_now(main())

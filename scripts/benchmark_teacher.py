@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from models.reference_vae import ReferenceVAE, reference_architecture, tiny_reference_vae_config, vae_class
+from training.base.fast_exit import exit_now
 from scripts.results import emit_result
 from training.config.load import load_config
 
@@ -74,4 +75,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_now(main())

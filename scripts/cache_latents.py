@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from training.base.fast_exit import exit_now
 from training.base.files import unique_temporary
 from training.base.latent_format import FORMAT_VERSION, SPLITS, CacheError
 from training.config.load import load_config
@@ -259,4 +260,4 @@ def finish(out: Path, meta: dict, pass_record: dict | None = None) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_now(main())

@@ -22,6 +22,7 @@ import torch
 
 from models.taehv import TAEHV, args_metadata, write_model_info
 from models.variants import TAEHVArgs
+from training.base.fast_exit import exit_now
 from training.run.checkpoint_files import read_state
 from training.run.elastic import FULL_STATE
 
@@ -95,4 +96,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from models.taehv import TAEHV, VARIANTS, parameter_count
+from training.base.fast_exit import exit_now
 from training.data.decode import read_clip, resize_and_crop
 
 SHARED_VIDEO = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "videos" / "bear.mp4"
@@ -76,4 +77,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -12,7 +12,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file by accelerate launch: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from training.base.fast_exit import exit_now  # noqa: E402
 from training.loop.train import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -22,6 +22,8 @@ import time
 from collections import deque
 from pathlib import Path
 
+from training.base.fast_exit import exit_now
+
 LOG_NAME = "launch.log"
 UNDER_AGENT = "TAEHV_UNDER_AGENT"  # set for the training processes this agent starts
 ERROR_DIR = "TAEHV_STARTUP_ERROR_DIR"  # where ranks leave their one-line start-up error for this process to print
@@ -144,4 +146,4 @@ def launch(argv: list[str] | None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_now(main())

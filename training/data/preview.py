@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from training.base.fast_exit import exit_now
 from training.data.clips import ClipSpec, DataFailureError, VideoClipDataset
 from training.data.decode import ClipError
 from training.data.index import IndexFormatError, probe_video, read_index
@@ -86,4 +87,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_now(main())
