@@ -5,7 +5,7 @@
 
 1. Phases, in one process with the real parts (student, a reference VAE of the real diffusers
    class built from a small config with random weights, Seraena, AdamW): reference VAE, student
-   forward, Seraena, backward, optimizer. Medians over --steps after 3 warm-up steps.
+   forward, Seraena, backward, optimizer. Medians over --steps after --warmup warm-up steps (3).
 2. Student FLOPs per step (training/step_flops.count_flops, forward + backward) and achieved FLOP/s
    of this fp32 toy-shape step; on a CPU also `mfu_vs_measured_peak`, against this CPU's fastest
    fp32 kernel (measured_peak_flops); a GPU's MFU comes from --profile (training dtype and shape).
@@ -178,7 +178,7 @@ def phase_times(args, device: torch.device) -> dict:
     with torch.no_grad():  # Seraena's context (the clip's latents), computed once so it is not timed
         context = student.encode_video(video)
     timer = PhaseTimer(device)
-    for _ in range(args.steps + 3):
+    for _ in range(args.steps + args.warmup):
         if reference is not None:
             timer("reference_vae", reference.encode, reference_video)
         decoded = timer("student_forward", lambda: student(video))
@@ -186,7 +186,7 @@ def phase_times(args, device: torch.device) -> dict:
         loss = F.mse_loss(decoded, aligned(video, decoded))
         timer("backward", loss.backward)
         timer("optimizer", lambda: (optimizer.step(), optimizer.zero_grad(set_to_none=True)))
-    phases = timer.medians(3)
+    phases = timer.medians(args.warmup)
     phases["bare_step"] = phases["student_forward"] + phases["backward"] + phases["optimizer"]
     return phases, (reference_video.shape[1] if reference_video is not None else None)
 
@@ -218,7 +218,7 @@ def bare_step_variants(args, device: torch.device) -> dict:
         forward = torch.compile(student) if setting == "compile" else student
         optimizer = torch.optim.AdamW(student.parameters(), lr=1e-4)
         times = []
-        for _ in range(args.steps + 3):
+        for _ in range(args.steps + args.warmup):
             synchronize(device)
             start = time.perf_counter()
             # bf16 convolutions as the trainer runs them (fp32-accumulated on a CPU without bf16 units)
@@ -231,7 +231,7 @@ def bare_step_variants(args, device: torch.device) -> dict:
             optimizer.zero_grad(set_to_none=True)
             synchronize(device)
             times.append(time.perf_counter() - start)
-        results[setting] = statistics.median(times[3:])
+        results[setting] = statistics.median(times[args.warmup:])
     return results
 
 
@@ -291,11 +291,11 @@ def distillation_step_times(args, device: torch.device, data_root: Path) -> dict
             optimizer.zero_grad(set_to_none=True)
 
         timer = PhaseTimer(device)
-        for _ in range(args.steps + 3):
+        for _ in range(args.steps + args.warmup):
             timer("student_only", step, lambda: in_memory)
             timer("from_cache", step, from_cache)
             timer("on_the_fly", step, lambda: reference.encode(video))
-        times = timer.medians(3)
+        times = timer.medians(args.warmup)
         return {"frames": frames, "step_s": times, "cache_write_s": write_s, "cached_samples": len(cached),
                 "cache_vs_student_only": times["from_cache"] / times["student_only"],
                 "on_the_fly_vs_student_only": times["on_the_fly"] / times["student_only"]}
@@ -320,21 +320,21 @@ def profile_config(args):
     return load_config(args.profile, list(args.set), check_paths=False)
 
 
-def profile_step_time(config, device: torch.device, steps: int, cached_latents: bool) -> float:
+def profile_step_time(config, device: torch.device, steps: int, cached_latents: bool, warmup: int = 3) -> float:
     """Median seconds of one training micro-step of `config` on this device (profile_step)."""
     step, window = profile_step(config, device, cached_latents)
-    return timed_windows(step, device, steps, window)
+    return timed_windows(step, device, steps, window, warmup)
 
 
-def timed_windows(step, device: torch.device, steps: int, window: int, parts=None) -> float:
+def timed_windows(step, device: torch.device, steps: int, window: int, warmup: int = 3, parts=None) -> float:
     """Median seconds per micro-step of step() (a window of `window` micro-steps) over `steps` runs after
-    3 warm-up runs; TimedParts `parts` collects each run's parts."""
+    `warmup` untimed runs; TimedParts `parts` collects each run's parts."""
     timer = PhaseTimer(device)
-    for _ in range(steps + 3):
+    for _ in range(steps + warmup):
         timer("step", step)
         if parts is not None:
             parts.collect()
-    return timer.medians(3)["step"] / window
+    return timer.medians(warmup)["step"] / window
 
 
 def profile_step(config, device: torch.device, cached_latents: bool, parts=None):
@@ -447,9 +447,9 @@ def profile_benchmark(args) -> dict:
     peak_before = measured_peak_flops(device, dtypes)
     parts = TimedParts(device) if args.kernels else None
     step, window = profile_step(config, device, cached, parts)
-    step_s = timed_windows(step, device, args.steps, window, parts)
+    step_s = timed_windows(step, device, args.steps, window, args.warmup, parts)
     if parts is not None:  # the parts of the same timed runs, then one more run under the profiler
-        result.update(parts_s=parts.medians(3, window), parts_timer="CUDA events" if device.type == "cuda" else "perf_counter",
+        result.update(parts_s=parts.medians(args.warmup, window), parts_timer="CUDA events" if device.type == "cuda" else "perf_counter",
                       top_kernels=top_kernels(step, device, window),
                       kernel_timer="CUDA time (torch.profiler)" if device.type == "cuda" else "self CPU time (torch.profiler)")
     measured_peak, measured_label = max(peak_before, measured_peak_flops(device, dtypes))
@@ -549,6 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frames", type=int, default=8)  # 5 decoded frames: one Seraena group
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps (or windows) before the --steps timed ones")
     parser.add_argument("--ref-vae", default="cogvideox", choices=(*FAMILIES, "none"))
     parser.add_argument("--ref-vae-size", choices=("small", "full"), default="small",
                         help="small random config, or the published architecture (random weights)")

@@ -81,7 +81,7 @@ def test_training_step_benchmark_writes_phases_and_plot(tmp_path):
     make_sample_videos(tmp_path / "clips", count=4, n_frames=16)
     out, plot = tmp_path / "bench.json", tmp_path / "bench.png"
     completed = subprocess.run(
-        [sys.executable, "-m", "scripts.benchmark", "--steps", "2", "--batch", "1", "--skip-launches",
+        [sys.executable, "-m", "scripts.benchmark", "--steps", "2", "--warmup", "1", "--batch", "1", "--skip-launches",
          "--data-root", str(tmp_path / "clips"), "--json", str(out), "--plot", str(plot)],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stderr[-2000:]
@@ -120,7 +120,7 @@ def test_profile_benchmark_times_the_trainers_window_at_a_small_shape(tmp_path):
     out = tmp_path / "small.json"
     completed = subprocess.run([sys.executable, "-m", "scripts.benchmark", "--profile", "h100", "--set", "height=32", "--set", "width=48",
                                 "--set", "batch_size_per_gpu=1", "--set", "gradient_accumulation_steps=2", "--set", "global_batch_size=16",
-                                "--steps", "1", "--json", str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+                                "--steps", "1", "--warmup", "1", "--json", str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr[-2000:]
     report = json.loads(out.read_text())
     assert report["step_s"] > 0 and report["clips_per_s_per_gpu"] == pytest.approx(1 / report["step_s"])
@@ -138,7 +138,7 @@ def test_kernels_times_each_part_of_the_step_and_the_parts_add_up_to_it(tmp_path
     sets = ("height=32", "width=48", "batch_size_per_gpu=1", "gradient_accumulation_steps=1", "global_batch_size=8",
             "accelerate_config=ddp_cpu.yaml")  # fp32: bf16 runs ~30x slower on a CPU
     completed = subprocess.run([sys.executable, "-m", "scripts.benchmark", "--profile", "h100", *[a for s in sets for a in ("--set", s)],
-                                "--steps", "1", "--kernels", "--json", str(out)], cwd=REPO_ROOT, capture_output=True, text=True,
+                                "--steps", "1", "--warmup", "1", "--kernels", "--json", str(out)], cwd=REPO_ROOT, capture_output=True, text=True,
                                timeout=300)
     assert completed.returncode == 0, completed.stderr[-2000:]
     report = json.loads(out.read_text())
