@@ -351,37 +351,37 @@ def test_distillation_runs_with_each_reference_family(name, tiny_vae_folders, cl
         assert [entry["skipped_clips"] for entry in history] == [1, 1] and all(entry["psnr"] > 0 for entry in history)
 
 
-def probe_run(probe: str, marker: str, clips, tmp_path, max_steps: int) -> dict:
-    """training/taehv_train.py's main as one rank under tests/<probe>, with Seraena on: the JSON
-    report the probe prints after `marker`."""
+@pytest.fixture(scope="module")
+def probe_report(clips, tmp_path_factory) -> dict:
+    """training/taehv_train.py's main as one rank under tests/training_probe.py, 3 steps with Seraena
+    on: its report of global seedings and of device reads per micro-step (one run serves both tests)."""
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    result = subprocess.run([sys.executable, str(REPO_ROOT / "tests" / probe), "--config", "test",
-                             "--output-dir", str(tmp_path / "run"), "--max-steps", str(max_steps), "--set", f"data_root={clips}",
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "training_probe.py"), "--config", "test",
+                             "--output-dir", str(tmp_path_factory.mktemp("probe") / "run"), "--max-steps", "3", "--set", f"data_root={clips}",
                              "--set", "seraena_weight=0.1", "--set", "batch_size_per_gpu=2"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
-    report = json.loads(result.stdout.rpartition(marker)[2] or "{}")
+    report = json.loads(result.stdout.rpartition("PROBE ")[2] or "{}")
     assert report.get("exit_code") == 0, result.stderr[-3000:]
     return report
 
 
-def test_nothing_reseeds_a_global_generator_after_the_per_rank_seeding(clips, tmp_path):
+def test_nothing_reseeds_a_global_generator_after_the_per_rank_seeding(probe_report):
     """Each rank draws its own noise (the reference VAE's latent sample, Seraena's choices) once
     set_seed(..., device_specific=True) ran: a later torch.manual_seed, even inside a fork_rng of
     the CPU generator, would reseed every CUDA device alike on all ranks, which no CPU run shows.
-    Records every global seeding call in a whole run (tests/seeding_probe.py)."""
-    report = probe_run("seeding_probe.py", "SEEDING ", clips, tmp_path, max_steps=2)
-    assert report["per_rank_seeding_done"]
-    assert report["calls"] == []
+    Records every global seeding call in a whole run (tests/training_probe.py)."""
+    assert probe_report["seeding"]["per_rank_seeding_done"]
+    assert probe_report["seeding"]["calls"] == []
 
 
-def test_a_micro_step_reads_the_device_once(clips, tmp_path):
+def test_a_micro_step_reads_the_device_once(probe_report):
     """Each read of a tensor's value on the host (.item(), .cpu(), bool(), float(), ...) stalls a
     GPU step until every queued kernel ran: a micro-step reads only the agreement's table (its
     non-finite checks are device flags folded into it; losses and norms are read at log intervals).
-    Counted in a whole run (tests/device_reads_probe.py)."""
-    report = probe_run("device_reads_probe.py", "READS ", clips, tmp_path, max_steps=3)
-    assert len(report["steps"]) == 3
-    assert all(reads == ["Tensor.tolist at agreement.py:" + reads[0].rpartition(":")[2]] for reads in report["steps"]), report["steps"]
+    Counted in a whole run (tests/training_probe.py)."""
+    steps = probe_report["reads"]
+    assert len(steps) == 3
+    assert all(reads == ["Tensor.tolist at agreement.py:" + reads[0].rpartition(":")[2]] for reads in steps), steps
 
 
 def test_missing_reference_vae_is_an_error_not_a_silent_fallback(clips, tmp_path):
