@@ -151,26 +151,6 @@ def test_busy_master_port_is_refused(tmp_path):
 NO_COMPILER = {"CXX": "/nonexistent/c++"}  # what torch's extension builder would use
 
 
-def test_real_run_writes_the_config_the_dry_run_printed(tmp_path, synthetic_clips):
-    base = [LAUNCHER, "1", "test", "--output-dir", str(tmp_path / "run"), "--set", f"data_root={synthetic_clips}", "--resume", "auto"]
-    args = [*base, "--max-steps", "2"]
-    dry = run([*args, "--dry-run"])
-    assert dry.returncode == 0, dry.stderr
-    # --resume auto with no checkpoint yet: a fresh start; the CPU default builds nothing (no compiler, empty extension cache)
-    real = run(args, {**NO_COMPILER, "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions")})
-    assert real.returncode == 0, real.stderr[-3000:]
-    saved = json.loads((tmp_path / "run" / "resolved_config.json").read_text())
-    assert saved == resolved_from_dry_run(dry.stdout)
-    log = (tmp_path / "run" / "train.log").read_text()
-    assert "Step 2/2 | Loss:" in log and "resumed" not in log
-    # a restarted job continues from checkpoint-2; --profile traces its steps
-    again = run([*base, "--max-steps", "4", "--profile"])
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "checkpoint-2 at step 2" in again.stdout and "Step 4/4" in again.stdout
-    trace = json.loads((tmp_path / "run" / "profile" / "trace_rank0.json").read_text())
-    assert trace["traceEvents"]
-
-
 def test_deepspeed_on_cpu_without_a_compiler_is_refused_in_one_line(tmp_path):
     result = run([LAUNCHER, "1", "test", "--set", "accelerate_config=deepspeed_cpu.yaml", "--output-dir", str(tmp_path / "run")],
                  NO_COMPILER)
@@ -348,7 +328,11 @@ def test_production_and_ddp_files_train_with_two_cpu_processes(accelerate_file, 
     save under ZeRO), with Seraena on.
     Every fault costs one skipped step or checkpoint on both ranks; the run finishes with student
     and discriminator identical on both ranks; then resume. DDP accumulates 2 micro-steps per step
-    (under no_sync, reduced at the window's end): identical ranks show the window's all-reduce."""
+    (under no_sync, reduced at the window's end): identical ranks show the window's all-reduce.
+    The DDP run is also the launcher's plain CPU case: started with --resume auto and no checkpoint
+    (a fresh start) where no C++ compiler exists (the CPU default builds nothing), it writes the
+    config its dry run printed; restarted the same way, it continues from the checkpoint and traces
+    its steps (--profile)."""
     run_dir = tmp_path / "run"
     accumulation = 2 if zero == 0 else 1
     common = [LAUNCHER, "2", "test", "--output-dir", str(run_dir), "--set", f"data_root={synthetic_clips}",
@@ -367,8 +351,15 @@ def test_production_and_ddp_files_train_with_two_cpu_processes(accelerate_file, 
     torch.manual_seed(3)
     torch.save(TAEHV("taehv").state_dict(), start)
     recipe = ["--set", "ema_decay=0", "--set", f"pretrained_model_path={start}", "--set", "train_encoder=false"]
-    first = run([*common, *(recipe if zero == 2 else []), "--max-steps", "4"], faults)
+    if zero == 0:
+        dry = run([*common, "--max-steps", "4", "--resume", "auto", "--dry-run"])
+        assert dry.returncode == 0, dry.stderr
+        faults.update(NO_COMPILER, TORCH_EXTENSIONS_DIR=str(tmp_path / "extensions"))
+    first = run([*common, *(recipe if zero == 2 else []), "--max-steps", "4", *(["--resume", "auto"] if zero == 0 else [])], faults)
     assert first.returncode == 0, first.stderr[-3000:]
+    if zero == 0:
+        assert json.loads((run_dir / "resolved_config.json").read_text()) == resolved_from_dry_run(dry.stdout)
+        assert "resumed" not in first.stdout
     if zero == 2:
         exported = torch.load(run_dir / "final" / "taehv.pth")
         weights = torch.cat([v.flatten() for k, v in exported.items() if v.is_floating_point() and v.numel() > 100])
@@ -396,9 +387,11 @@ def test_production_and_ddp_files_train_with_two_cpu_processes(accelerate_file, 
     if zero == 2:  # resume is the soak's and test_elastic's subject; here from a checkpoint of the older layout
         return
     to_legacy_layout(run_dir / "checkpoints" / "checkpoint-4")
-    resumed = run([*common, "--max-steps", "6", "--resume", "latest"])
+    resumed = run([*common, "--max-steps", "6", *(["--resume", "auto", "--profile"] if zero == 0 else ["--resume", "latest"])])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "at step 4" in resumed.stdout and "Step 6/6" in resumed.stdout
+    if zero == 0:
+        assert json.loads((run_dir / "profile" / "trace_rank0.json").read_text())["traceEvents"]
     assert [p.name for p in sorted((run_dir / "checkpoints").iterdir())] == ["checkpoint-4", "checkpoint-6"]
     model = TAEHV.from_pretrained(run_dir / "final" / "taehv.pth", variant="taehv")
     assert json.loads((run_dir / "final" / "model_info.json").read_text())["step"] == 6
