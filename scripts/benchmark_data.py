@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,11 +32,11 @@ import psutil
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from training.base.fast_exit import exit_now
-from training.data.synthetic_clips import render_clip, write_clip
 from scripts.results import emit_result
+from training.base.fast_exit import exit_now
 from training.data.clips import ClipSpec, EpochShardSampler, VideoClipDataset
 from training.data.index import ClipIndex, read_index
+from training.data.synthetic_clips import render_clip, write_clip
 
 SHARED_VIDEOS = Path(__file__).resolve().parents[2] / "shared" / "data" / "videos"
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from models.taehv import TAEHV, VARIANTS
-from training.base.fast_exit import exit_now
 from scripts.results import emit_result
+from training.base.fast_exit import exit_now
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 

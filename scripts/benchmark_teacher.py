@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from models.reference_vae import ReferenceVAE, reference_architecture, tiny_reference_vae_config, vae_class
-from training.base.fast_exit import exit_now
 from scripts.results import emit_result
+from training.base.fast_exit import exit_now
 from training.config.load import load_config
 
 
