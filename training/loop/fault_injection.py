@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.data import Dataset
 
+from training.base.unwrap import unwrap
+
 
 def _numbers(name: str) -> set[int]:
     return {int(x) for x in os.environ.get(name, "").split(",") if x.strip()}
@@ -109,7 +111,7 @@ class FaultInjection:
         Each step fault fires once, at the first call of its micro-step (the training forward comes
         before validation, and a recomputing backward after it)."""
         progress = run.progress
-        student = run.accelerator.unwrap_model(run.model)
+        student = unwrap(run.accelerator, run.model)
 
         def out_of_memory(where: str):
             if self.real_oom and run.accelerator.device.type == "cuda":

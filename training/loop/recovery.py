@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from training.base.failures import set_collective_timeout
+from training.base.unwrap import unwrap
 from training.loop.checkpoints import save_checkpoint
 from training.loop.skips import SKIPS
 from training.run.checkpoint_files import complete_checkpoints
@@ -46,7 +47,7 @@ def note_bad_step(run: TrainingRun, reason: str, where: str) -> None:
 def drop_gradients(run: TrainingRun) -> None:
     """Clears the student's gradients for real: accelerate's optimizer wrapper clears them only at a
     window's end (and not at all under DeepSpeed), so a dropped window would leak into the next step."""
-    for parameter in run.accelerator.unwrap_model(run.model).parameters():
+    for parameter in unwrap(run.accelerator, run.model).parameters():
         parameter.grad = None
 
 

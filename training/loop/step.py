@@ -12,6 +12,7 @@ import torch
 
 from training.base.agreement import agree
 from training.base.failures import is_memory_error
+from training.base.unwrap import unwrap
 from training.data.clips import DataFailureError
 from training.loop.recovery import TrainingStopped, drop_gradients, step_out_of_memory
 from training.loop.state import TrainingRun
@@ -143,7 +144,7 @@ def apply(run: TrainingRun, local: LocalResult, window: Window) -> tuple[dict | 
         try:
             # its discriminator steps once per optimizer step, from its start (training/config/terms.py)
             update = accelerator.sync_gradients and discriminator_updates(config, run.progress.step)
-            last_layer = accelerator.unwrap_model(model).last_layer  # None unless adaptive_adversarial
+            last_layer = unwrap(accelerator, model).last_layer  # None unless adaptive_adversarial
             loss = add_seraena_term(config, run.seraena, losses, update_discriminator=update, last_layer=last_layer)
             phase = "backward"
             loss.register_hook(lambda grad: began.append(True))  # autograd reached the loss: the backward began

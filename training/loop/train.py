@@ -25,6 +25,7 @@ from training.base.agreement import agree
 from training.base.failures import die_with_launcher, is_collective_timeout, is_peer_gone, set_collective_timeout
 from training.base.run_log import RunLog, start_profiler
 from training.base.storage import StorageUnavailable
+from training.base.unwrap import unwrap
 from training.config.schema import ConfigError, TrainConfig, error_line
 from training.config.views import student_of
 from training.data.clips import DataFailureError, FailureTracker
@@ -174,7 +175,7 @@ def build_run(args: argparse.Namespace) -> TrainingRun:
     run = TrainingRun(
         config=config, run_dir=run_dir, accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler,
         ema=build_ema(config, accelerator, model),
-        seraena=build_seraena(config, accelerator, accelerator.unwrap_model(model).taehv),
+        seraena=build_seraena(config, accelerator, unwrap(accelerator, model).taehv),
         reference_vae=reference_vae, lpips=build_lpips(config, accelerator.device),
         loader=loader, sampler=sampler, validation_dataset=validation_dataset,
         failures=FailureTracker(config.max_failed_fraction),
@@ -275,7 +276,7 @@ def build_ema(config: TrainConfig, accelerator, model):
         return None
     weights = full_state_dict(accelerator, model)
     if config.zero_stage in (1, 2):
-        return PartitionedEMA(weights, config.ema_decay, accelerator.device, accelerator.unwrap_model(model))
+        return PartitionedEMA(weights, config.ema_decay, accelerator.device, unwrap(accelerator, model))
     return WeightEMA(weights, config.ema_decay, accelerator.device)
 
 
@@ -388,7 +389,7 @@ def finish(run: TrainingRun) -> int:
     if not run.last_metrics:  # resumed at max_steps (a finished or nearly finished run): measure what is exported
         run.last_metrics = with_baseline(run, validate(run, evaluation_model(run)))
     weights = {k: v.detach().float().cpu() for k, v in current_weights(run).items()}
-    taehv = accelerator.unwrap_model(run.model).taehv
+    taehv = unwrap(accelerator, run.model).taehv
     error = ""
     try:
         if accelerator.is_main_process:

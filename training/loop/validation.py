@@ -10,6 +10,7 @@ import torch
 
 from models.metrics import MIN_SOURCE_COLOURFULNESS
 from models.taehv import TAEHV
+from training.base.unwrap import unwrap
 from training.config.views import decoded_frame_count, student_of
 from training.loop.exports import current_weights, export_info, export_model
 from training.loop.step import reference_latents_for
@@ -36,7 +37,7 @@ def validation_due(config, step: int) -> bool:
 
 def evaluation_model(run: TrainingRun) -> TAEHV:
     """A plain fp32 TAEHV holding the weights that are validated and exported."""
-    evaluated = TAEHV.from_args(run.accelerator.unwrap_model(run.model).taehv.args)
+    evaluated = TAEHV.from_args(unwrap(run.accelerator, run.model).taehv.args)
     evaluated.load_state_dict({k: v.float().cpu() for k, v in current_weights(run).items()})
     return evaluated.to(run.accelerator.device).eval()
 
@@ -272,7 +273,7 @@ def record_validation(run: TrainingRun, metrics: dict) -> bool:
         try:
             if run.accelerator.is_main_process:
                 run.seams.fire("file_write", "best_model", step)
-            export_model(run.accelerator, weights, run.accelerator.unwrap_model(run.model).taehv, run.run_dir / "best_model",
+            export_model(run.accelerator, weights, unwrap(run.accelerator, run.model).taehv, run.run_dir / "best_model",
                          step, metrics, best_metric=config.best_metric, **export_info(config))
             run.log.line(f"best model so far ({config.best_metric} {value:.4f}) saved to {run.run_dir / 'best_model'}")
         except OSError as failure:  # the previous best_model/ stays whole (written to a temporary folder first)

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from training.base.unwrap import unwrap
+
 FULL_STATE = "full_state.pt"
 TOPOLOGY = "topology.json"
 OPTIMIZER_KEYS = ("exp_avg", "exp_avg_sq")
@@ -35,7 +37,7 @@ def deepspeed_engine(accelerator, model):
 
 def named_parameters(accelerator, model) -> list[tuple[str, torch.nn.Parameter]]:
     """The trained parameters (frozen parts have no optimizer state and never change)."""
-    return [(name, param) for name, param in accelerator.unwrap_model(model).named_parameters() if param.requires_grad]
+    return [(name, param) for name, param in unwrap(accelerator, model).named_parameters() if param.requires_grad]
 
 
 def base_optimizer(accelerator, model, optimizer):

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import hashlib
 
+from training.base.unwrap import unwrap
+
 
 def master_weights(accelerator, model) -> dict:
     """The student's weights as the optimizer holds them, fp32, on the training device, on every
     rank: under DeepSpeed its fp32 master copies (ZeRO partitions gathered: a collective), not the
     bf16 copies the forward runs with; otherwise the parameters themselves. Buffers as they are."""
-    student = accelerator.unwrap_model(model)
+    student = unwrap(accelerator, model)
     taehv = student.taehv
     weights = {name: buffer.detach().float() for name, buffer in taehv.named_buffers()}
     trained = [(name, param) for name, param in taehv.named_parameters() if name not in student.frozen_weights]
@@ -28,7 +30,7 @@ def master_weights(accelerator, model) -> dict:
 def full_state_dict(accelerator, model) -> dict:
     """master_weights as CPU copies, in the module's key order (what exports and fingerprints use)."""
     weights = master_weights(accelerator, model)
-    order = accelerator.unwrap_model(model).taehv.state_dict().keys()
+    order = unwrap(accelerator, model).taehv.state_dict().keys()
     return {k: weights[k].cpu().clone() for k in order if k in weights}
 
 
