@@ -13,12 +13,11 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def cached_measurement(name: str, config, keys: tuple[str, ...], code: tuple[str, ...], measure):
-    """measure() (JSON-able), or what it returned before for the same key values and code."""
+def cached_measurement(name: str, values: list, code: tuple[str, ...], measure):
+    """measure() (JSON-able), or what it returned before for the same values (of the config keys it
+    depends on) and the same code."""
     digest = hashlib.sha1(b"".join((REPO_ROOT / file).read_bytes() for file in code)).hexdigest()[:12]
-    key = json.dumps([digest] + [bool(config.latent_cache) if k == "latent_cache" else getattr(config, k) for k in keys],
-                     sort_keys=True)
-    return cached(name, key, measure)
+    return cached(name, json.dumps([digest] + list(values), sort_keys=True), measure)
 
 
 def cached(name: str, key: str, measure):

@@ -100,3 +100,27 @@ def test_deepspeed_exchanges_fp32_in_buckets_sized_to_the_student_and_the_estima
     assert report["bucket_bytes_during_backward"] == (params + params % 2) * 2  # one bf16 bucket (overlap_comm off)
     assert report["bucket_bytes_after_backward"] == 0  # released at the end of each backward
     assert estimate_memory(config).gpu["deepspeed buckets"] * GB == pytest.approx(report["bucket_bytes_during_backward"])
+
+
+def test_measurements_are_kept_by_the_reference_architecture_not_its_folder(tmp_path):
+    """A named family is measured in its published architecture wherever its weights lie (a dry run
+    on a bare machine and one with the weights in place share the measurement); a VAE no family
+    names, by its own config.json."""
+    from types import SimpleNamespace
+
+    from training.config.views import measured_values
+
+    def vae_folder(name: str, channels: int):
+        (tmp_path / name / "vae").mkdir(parents=True)
+        (tmp_path / name / "vae" / "config.json").write_text(json.dumps({"_class_name": "AutoencoderKLCosmos",
+                                                                          "latent_channels": channels}))
+        return str(tmp_path / name)
+
+    def values(path: str, geometry: dict) -> list:
+        return measured_values(SimpleNamespace(ref_vae_path=path, reference_geometry=geometry, latent_cache="/data/cache"),
+                               ("ref_vae_path", "latent_cache"))
+
+    assert values("pretrained/CogVideoX-2b", {}) == values("/elsewhere", {}) == ["", True]
+    measured = {name: values(vae_folder(name, channels), {"class_name": "AutoencoderKLCosmos"})
+                for name, channels in (("a", 16), ("copy_of_a", 16), ("b", 8))}
+    assert measured["a"] == measured["copy_of_a"] != measured["b"]

@@ -27,6 +27,22 @@ def measured_geometry(config: TrainConfig):
     return VAEGeometry.from_json_dict(config.reference_geometry)
 
 
+def measured_values(config: TrainConfig, keys: tuple[str, ...]) -> list:
+    """What a cached measurement (models/measure_cache.py) depends on of these keys: whether a latent
+    cache is used, not where; the reference VAE's architecture, not the folder it lies in (a named
+    family is measured in its published architecture, a VAE no family names in its config.json's)."""
+    def value(key: str):
+        if key == "latent_cache":
+            return bool(config.latent_cache)
+        if key == "ref_vae_path":
+            from models.vae_geometry import geometry_key, read_vae_config
+
+            return geometry_key(read_vae_config(config.ref_vae_path)) if config.reference_geometry else ""
+        return getattr(config, key)
+
+    return [value(key) for key in keys]
+
+
 def resolve_reference(c: TrainConfig) -> None:
     """ref_vae_family=auto -> the family of the class ref_vae_path's config.json names, or that
     class measured (models/vae_geometry.py: torch is imported only then); model_variant=auto ->

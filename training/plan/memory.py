@@ -47,7 +47,7 @@ from models.measure_cache import cached_measurement
 from models.reference_families import FAMILY
 from training.config.schema import measured_keys
 from training.config.terms import needs_module
-from training.config.views import at_largest_bucket, measured_geometry, student_of
+from training.config.views import at_largest_bucket, measured_geometry, measured_values, student_of
 from training.step.seraena import replay_buffer_bytes
 
 GB = 1e9
@@ -250,7 +250,7 @@ def estimate_memory(config) -> MemoryEstimate:
     weight_bytes = 2 if low_precision and zero > 0 else 4
     estimate = MemoryEstimate()
     gpu = estimate.gpu
-    measured_weights, peak = cached_measurement("step_memory", config, MEASURED_KEYS, MEASURING_CODE,
+    measured_weights, peak = cached_measurement("step_memory", measured_values(config, MEASURED_KEYS), MEASURING_CODE,
                                                 lambda: measure_step(config))
     gpu["training step"] = (peak - measured_weights) / GB  # activations, the backward's working memory, gradients
     gpu["weights"] = params * weight_bytes / GB
@@ -270,7 +270,7 @@ def estimate_memory(config) -> MemoryEstimate:
         family = FAMILY.get(config.reference_family)
         gpu["reference VAE weights"] = (family.parameter_count if family else MEASURED_VAE_PARAMS) * 2 / GB
         try:
-            estimate.reference_encode_gb = cached_measurement("reference_encode_memory", config, MEASURED_KEYS,
+            estimate.reference_encode_gb = cached_measurement("reference_encode_memory", measured_values(config, MEASURED_KEYS),
                                                               MEASURING_CODE, lambda: measure_reference_encode(config)) / GB
         except Exception as error:  # an architecture fake tensors cannot trace: said, not fatal to a dry run
             estimate.note = f"the reference VAE's encode was not measured ({type(error).__name__}: {str(error)[:120]})"

@@ -183,12 +183,13 @@ def step_costs(config) -> dict[str, dict]:
     keys and the counting and model code): the dry run, the benchmark and the docs count a shape once."""
     from models.measure_cache import REPO_ROOT, cached_measurement
     from training.config.schema import measured_keys
+    from training.config.views import measured_values
 
     models = REPO_ROOT / "models"
     code = ["training/plan/step_flops.py", "training/config/terms.py", "training/config/views.py"] + [
         str(path.relative_to(REPO_ROOT)) for path in sorted([*models.glob("taehv*.py"), *models.glob("taehv/*.py")])] + [
         f"models/{name}.py" for name in ("variants", "metrics", "seraena", "reference_vae", "reference_families", "vae_geometry")]
-    return cached_measurement("step_costs", config, measured_keys("flops") + COST_KEYS, tuple(code),
+    return cached_measurement("step_costs", measured_values(config, measured_keys("flops") + COST_KEYS), tuple(code),
                               lambda: count_step_costs(config))
 
 
