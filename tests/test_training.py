@@ -440,16 +440,27 @@ def test_nonfinite_and_oom_steps_are_skipped_then_too_many_stop_the_run(clips, t
     assert (tmp_path / "many" / "checkpoints" / "checkpoint-1").is_dir()
 
 
-def test_tensorboard_holds_the_training_scalars(clips, tmp_path):
+@pytest.fixture(scope="module")
+def accumulating_run(clips, tmp_path_factory):
+    """One launch for two tests: Seraena on, 2 micro-steps per optimizer step, 4 steps, a checkpoint
+    after each, and the write of step 2's failing."""
+    run_dir = tmp_path_factory.mktemp("accumulating") / "run"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TAEHV_FAULT_CHECKPOINT_FAIL_STEPS", "2")
+        result = launch(1, run_dir, [f"data_root={clips}", "n_frames=8", "seraena_weight=0.1", "batch_size_per_gpu=2",
+                                     "gradient_accumulation_steps=2", "checkpointing_steps=1"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+def test_tensorboard_holds_the_training_scalars(accumulating_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    result = launch(1, tmp_path / "run", [f"data_root={clips}", "n_frames=8", "seraena_weight=0.1", "batch_size_per_gpu=2",
-                                          "gradient_accumulation_steps=2"])
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = accumulating_run
     # 4 optimizer steps of 2 micro-steps each: the discriminator stepped 4 times, once per student step
-    seraena = torch.load(tmp_path / "run" / "checkpoints" / "checkpoint-4" / "seraena_state.pt", weights_only=False)
+    seraena = torch.load(run_dir / "checkpoints" / "checkpoint-4" / "seraena_state.pt", weights_only=False)
     assert {float(s["step"]) for s in seraena["training"]["optimizer"]["state"].values()} == {4.0}
-    events = EventAccumulator(str(tmp_path / "run" / "logs" / "taehv"))
+    events = EventAccumulator(str(run_dir / "logs" / "taehv"))
     events.Reload()
     tags = set(events.Tags()["scalars"])
     expected = {"train/loss", "train/reconstruction", "train/seraena", "train/psnr", "train/lr", "train/grad_norm",
@@ -467,17 +478,17 @@ def test_tensorboard_holds_the_training_scalars(clips, tmp_path):
     assert {"val/ssim", "val/flicker"} <= tags and "val/sample" in events.Tags()["images"]
     # 8 frames = 2 latents; the round trip gives 5 frames back, each position scored on its own
     assert {f"val/psnr_frame{t}" for t in range(5)} <= tags and "val/psnr_frame5" not in tags
-    log = (tmp_path / "run" / "train.log").read_text()
+    log = (run_dir / "train.log").read_text()
     assert re.search(r"Validation at step 4 \| psnr: [\d.]+ dB \| ssim: [\d.]+ \| flicker: [\d.]+ \| by frame: ([\d.]+ ){5}dB",
                      log), log
-    history = json.loads((tmp_path / "run" / "validation_history.json").read_text())
+    history = json.loads((run_dir / "validation_history.json").read_text())
     assert [h["step"] for h in history] == [2, 4] and all(h["psnr"] > 0 and 0 < h["ssim"] <= 1 and h["flicker"] > 0 for h in history)
     best = max(history, key=lambda h: h["psnr"])
-    info = json.loads((tmp_path / "run" / "best_model" / "model_info.json").read_text())
+    info = json.loads((run_dir / "best_model" / "model_info.json").read_text())
     assert info["step"] == best["step"] and info["metrics"] == {k: v for k, v in best.items() if k != "step"}
     assert info["best_metric"] == "psnr"
     assert len(info["config_hash"]) == 12
-    assert TAEHV.from_pretrained(tmp_path / "run" / "best_model" / "taehv.safetensors").variant == "taehv"
+    assert TAEHV.from_pretrained(run_dir / "best_model" / "taehv.safetensors").variant == "taehv"
 
 
 def test_early_stopping_finishes_the_run_with_an_export(clips, tmp_path):
@@ -491,17 +502,12 @@ def test_early_stopping_finishes_the_run_with_an_export(clips, tmp_path):
     assert (tmp_path / "run" / "checkpoints" / "checkpoint-2").is_dir()
 
 
-@pytest.mark.slow
-def test_failed_checkpoint_write_keeps_the_previous_one_and_training_goes_on(clips, tmp_path, monkeypatch):
-    monkeypatch.setenv("TAEHV_FAULT_CHECKPOINT_FAIL_STEPS", "4")
-    run_dir = tmp_path / "run"
-    result = launch(1, run_dir, [f"data_root={clips}", "max_steps=5", "checkpointing_steps=2"])
-    assert result.returncode == 0, result.stderr[-3000:]
-    log = (run_dir / "train.log").read_text()
-    assert "checkpoint at step 4 FAILED on rank 0 ([Errno 28] No space left on device (injected)); " \
-           "kept checkpoint-2; training continues" in log
-    assert "Step 5/5" in log and (run_dir / "final" / "taehv.pth").is_file()
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["checkpoint-2", "checkpoint-5"]
+def test_failed_checkpoint_write_keeps_the_previous_one_and_training_goes_on(accumulating_run):
+    log = (accumulating_run / "train.log").read_text()
+    assert "checkpoint at step 2 FAILED on rank 0 ([Errno 28] No space left on device (injected)); " \
+           "kept checkpoint-1; training continues" in log
+    assert "Step 4/4" in log and (accumulating_run / "final" / "taehv.pth").is_file()
+    assert sorted(p.name for p in (accumulating_run / "checkpoints").iterdir()) == ["checkpoint-1", "checkpoint-3", "checkpoint-4"]
 
 
 
