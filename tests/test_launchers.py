@@ -271,7 +271,14 @@ def test_sigkill_of_the_launchers_process_group_leaves_nothing_behind_and_the_ru
     while not (run_dir / "checkpoints" / "checkpoint-2").is_dir():
         assert launcher.poll() is None and time.monotonic() < deadline
         time.sleep(0.2)
+    # the run is paused while the second launch waits out its 20 s for the holder (its steps would
+    # only take the CPU from the rest of the suite), and goes on before the kill
+    run_processes = [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])]
+    for process in run_processes:
+        process.suspend()
     second = run(args + ["--resume", "latest"], {"MASTER_PORT": str(free_port())})
+    for process in run_processes:
+        process.resume()
     assert second.returncode == 2, second.stderr[-3000:]
     waited, refused = second.stderr.strip().splitlines()  # a holder that is ending gets a bounded wait, said
     assert re.fullmatch(rf"run folder {run_dir} is held by the training process \d+ on \S+: waiting up to 20 s for it "
