@@ -60,15 +60,17 @@ def test_a_folder_of_fewer_than_two_clips_is_named_by_the_dry_run_and_stops_the_
     clips = tmp_path / "clips"
     make_sample_videos(clips, count=1, n_frames=12)
     (tmp_path / "empty").mkdir()
+    one_clip = (f"only 1 video file under {clips}: a run needs at least 2 (one is held out for validation); add clips, "
+                "or check data_root / index_path")
     for folder, line in [(tmp_path / "empty", f"no video files under {tmp_path / 'empty'}: check data_root / index_path"),
-                         (clips, f"only 1 video file under {clips}: a run needs at least 2 (one is held out for "
-                                 "validation); add clips, or check data_root / index_path")]:
+                         (clips, one_clip)]:
         dry = launch(["1", "test", "--dry-run", "--set", f"data_root={folder}"], tmp_path)
         assert dry.returncode == 1 and f"  missing: {line}" in dry.stdout, dry.stdout[-2000:]
-        run_dir = tmp_path / "run"
-        result = launch(["1", "test", "--output-dir", str(run_dir), "--set", f"data_root={folder}"], tmp_path)
-        assert (result.returncode, result.stderr.strip()) == (3, f"data error: {line}")
-        assert not run_dir.exists()
+    # the launch on the empty folder is test_empty_data_folder_is_one_line_exit_3_and_writes_no_run_folder's
+    run_dir = tmp_path / "run"
+    result = launch(["1", "test", "--output-dir", str(run_dir), "--set", f"data_root={clips}"], tmp_path)
+    assert (result.returncode, result.stderr.strip()) == (3, f"data error: {one_clip}")
+    assert not run_dir.exists()
 
 
 def test_resume_latest_without_a_checkpoint_is_one_line_exit_2(tmp_path):
