@@ -33,14 +33,14 @@ demo: $(STAMP)
 	$(PY) inference.py --model output/latest --held-out-of output/latest $(DEMO_EVAL) --out output/latest/evaluation
 
 # two test processes, each test file in one of them (its module fixtures built once). The suite is
-# CPU-bound on 2 cores (25-26.5 min of pytest on a fresh clone, 2026-11-26): 43% of its CPU goes to the
+# CPU-bound on 2 cores (25-26.5 min of pytest on a fresh clone, 2026-11-26): 42-44% of its CPU goes to the
 # ~120 training processes the tests launch, each about 4 CPU-s of imports before its first step;
 # a third worker only splits the same cores
 TEST_WORKERS ?= 2
-# the DeepSpeed tests on CPU need DeepSpeed's C++ op (2 CPU-minutes to build the first time): built
+# Bytecode written once: where PYTHONDONTWRITEBYTECODE is set (many containers), each of the several
+# hundred processes the suite starts would compile the project's modules again (0.17 CPU-s each).
+# The DeepSpeed tests on CPU need DeepSpeed's C++ op (2 CPU-minutes to build the first time): built
 # before the suite rather than inside the first such test
-# Bytecode written once: where PYTHONDONTWRITEBYTECODE is set (many containers), each of the ~400
-# processes the suite starts would compile the project's modules again (0.17 CPU-s each)
 test: $(STAMP)
 	$(PY) -m compileall -q training models scripts inference.py
 	$(PY) -m scripts.build_deepspeed_cpu_op
