@@ -34,8 +34,9 @@ demo: $(STAMP)
 
 # two test processes, each test file in one of them (its module fixtures built once). The suite is
 # CPU-bound on 2 cores (25-26.5 min of pytest on a fresh clone, 2026-11-26): 42-44% of its CPU goes to the
-# ~120 training processes the tests launch, each about 4 CPU-s of imports before its first step;
-# a third worker only splits the same cores
+# ~120 training processes the tests launch, each about 4 CPU-s of imports before its first step.
+# A third worker only splits the same cores: TEST_WORKERS=3 took 1,479 s on a fresh clone (2026-11-27),
+# within the 1,489-1,596 s of two
 TEST_WORKERS ?= 2
 # Bytecode written once: where PYTHONDONTWRITEBYTECODE is set (many containers), each of the several
 # hundred processes the suite starts would compile the project's modules again (0.17 CPU-s each).
