@@ -267,27 +267,31 @@ def test_sigkill_of_the_launchers_process_group_leaves_nothing_behind_and_the_ru
             "--set", "checkpointing_steps=2", "--set", "validation_steps=100"]
     launcher = subprocess.Popen(args, cwd=REPO_ROOT, env={**os.environ, "PYTHON": sys.executable, "MASTER_PORT": port},
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 180
-    while not (run_dir / "checkpoints" / "checkpoint-2").is_dir():
-        assert launcher.poll() is None and time.monotonic() < deadline
-        time.sleep(0.2)
-    # the run is paused while the second launch waits out its 20 s for the holder (its steps would
-    # only take the CPU from the rest of the suite), and goes on before the kill
-    run_processes = [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])]
-    for process in run_processes:
-        process.suspend()
-    second = run(args + ["--resume", "latest"], {"MASTER_PORT": str(free_port())})
-    for process in run_processes:
-        process.resume()
-    assert second.returncode == 2, second.stderr[-3000:]
-    waited, refused = second.stderr.strip().splitlines()  # a holder that is ending gets a bounded wait, said
-    assert re.fullmatch(rf"run folder {run_dir} is held by the training process \d+ on \S+: waiting up to 20 s for it "
-                        r"to end", waited), second.stderr
-    assert re.fullmatch(rf"resume error: run folder {run_dir} is in use by the training process \d+ on \S+: wait for it to "
-                        r"end or stop it, or choose another --output-dir", refused), second.stderr
-
-    os.killpg(launcher.pid, signal.SIGKILL)
-    launcher.wait()
+    try:
+        deadline = time.monotonic() + 180
+        while not (run_dir / "checkpoints" / "checkpoint-2").is_dir():
+            assert launcher.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        # the run is paused while the second launch waits out its 20 s for the holder (its steps would
+        # only take the CPU from the rest of the suite), and goes on before the kill
+        run_processes = [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])]
+        for process in run_processes:
+            process.suspend()
+        try:
+            second = run(args + ["--resume", "latest"], {"MASTER_PORT": str(free_port())})
+        finally:
+            for process in run_processes:
+                process.resume()
+        assert second.returncode == 2, second.stderr[-3000:]
+        waited, refused = second.stderr.strip().splitlines()  # a holder that is ending gets a bounded wait, said
+        assert re.fullmatch(rf"run folder {run_dir} is held by the training process \d+ on \S+: waiting up to 20 s for it "
+                            r"to end", waited), second.stderr
+        assert re.fullmatch(rf"resume error: run folder {run_dir} is in use by the training process \d+ on \S+: wait for it "
+                            r"to end or stop it, or choose another --output-dir", refused), second.stderr
+    finally:  # the kill under test; on a failure above, it also ends the 500-step run the test started
+        with contextlib.suppress(ProcessLookupError):  # a launcher that died early: its own assert says so
+            os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait()
     deadline, alive = time.monotonic() + 10, [None]
     while alive and time.monotonic() < deadline:
         time.sleep(0.5)
