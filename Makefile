@@ -33,7 +33,7 @@ demo: $(STAMP)
 	$(PY) inference.py --model output/latest --held-out-of output/latest $(DEMO_EVAL) --out output/latest/evaluation
 
 # two test processes, each test file in one of them (its module fixtures built once). The suite is
-# CPU-bound on 2 cores (25-26.5 min of pytest on a fresh clone, 2026-11-26): 42-44% of its CPU goes to the
+# CPU-bound on 2 cores (24.7-27.5 min of pytest on a fresh clone, 2026-11-26/27): 42-44% of its CPU goes to the
 # ~120 training processes the tests launch, each about 4 CPU-s of imports before its first step.
 # A third worker only splits the same cores: TEST_WORKERS=3 took 1,479 s on a fresh clone (2026-11-27),
 # within the 1,489-1,596 s of two
