@@ -3,11 +3,14 @@ clips (synthetic, plus ../shared's odd ones when present), every --model kind, t
 modes, the colour and motion metrics beside the 8x8 block-average baseline, --compare, and the
 report files."""
 
+import contextlib
+import io
 import json
 import os
 import random
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 import torch
@@ -48,10 +51,19 @@ def setup(tmp_path_factory):
     return root, videos, run
 
 
-def run_inference(*args, torch_home=None):
-    env = {**os.environ, "TORCH_HOME": str(torch_home)} if torch_home else None
-    return subprocess.run([sys.executable, "inference.py", *args], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=300, env=env)
+def run_inference(*args, torch_home=None) -> subprocess.CompletedProcess:
+    """`python inference.py ARGS` as its main in this process: the same command line, exit code and
+    both streams, without a new interpreter importing torch again for each of this file's calls."""
+    import inference
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with mock.patch.dict(os.environ, {"TORCH_HOME": str(torch_home)} if torch_home else {}), \
+            contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            code = inference.main([str(arg) for arg in args])
+        except SystemExit as exit:  # argparse's usage errors
+            code = exit.code
+    return subprocess.CompletedProcess(["inference.py", *args], code, stdout.getvalue(), stderr.getvalue())
 
 
 def decoded_by_hand(model_file, clip, frames=9, height=32, width=48):
