@@ -33,8 +33,9 @@ demo: $(STAMP)
 	$(PY) inference.py --model output/latest --held-out-of output/latest $(DEMO_EVAL) --out output/latest/evaluation
 
 # two test processes, each test file in one of them (its module fixtures built once). The suite is
-# CPU-bound on 2 cores (24.7-27.5 min of pytest on a fresh clone, 2026-11-26/27): 42-44% of its CPU goes to the
-# ~120 training processes the tests launch, each about 4 CPU-s of imports before its first step.
+# CPU-bound on 2 cores (24.7-27.5 min of pytest on a fresh clone, 2026-11-26/27; 25.1 min twice on 11-27): about
+# half its CPU goes to the ~120 training processes the tests launch, each 3-4 CPU-s of imports (torch, and
+# torch._dynamo through the first AdamW) before its first step.
 # A third worker only splits the same cores: TEST_WORKERS=3 took 1,479 s on a fresh clone (2026-11-27),
 # within the 1,489-1,596 s of two
 TEST_WORKERS ?= 2
