@@ -36,8 +36,8 @@ demo: $(STAMP)
 # CPU-bound on 2 cores (24.7-27.5 min of pytest on a fresh clone, 2026-11-26/27; 25.1 min twice on 11-27): about
 # half its CPU goes to the ~120 training processes the tests launch, each 3-4 CPU-s of imports (torch, and
 # torch._dynamo through the first AdamW) before its first step.
-# A third worker only splits the same cores: TEST_WORKERS=3 took 1,479 s on a fresh clone (2026-11-27),
-# within the 1,489-1,596 s of two
+# A third worker only splits the same cores: TEST_WORKERS=3 took 1,479 s and 1,612 s on fresh clones
+# (2026-11-27), against 1,489-1,647 s with two
 TEST_WORKERS ?= 2
 # Bytecode written once: where PYTHONDONTWRITEBYTECODE is set (many containers), each of the several
 # hundred processes the suite starts would compile the project's modules again (0.17 CPU-s each).
