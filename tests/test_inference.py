@@ -61,8 +61,8 @@ def run_inference(*args, torch_home=None) -> subprocess.CompletedProcess:
             contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         try:
             code = inference.main([str(arg) for arg in args])
-        except SystemExit as exit:  # argparse's usage errors
-            code = exit.code
+        except SystemExit as stop:  # argparse's usage errors
+            code = stop.code
     return subprocess.CompletedProcess(["inference.py", *args], code, stdout.getvalue(), stderr.getvalue())
 
 
