@@ -56,11 +56,14 @@ def run_inference(*args, torch_home=None) -> subprocess.CompletedProcess:
     both streams, without a new interpreter importing torch again for each of this file's calls."""
     import inference
 
+    argv = [str(arg) for arg in args]
     stdout, stderr = io.StringIO(), io.StringIO()
+    # sys.argv too: argparse names the program after it in its usage lines
     with mock.patch.dict(os.environ, {"TORCH_HOME": str(torch_home)} if torch_home else {}), \
+            mock.patch.object(sys, "argv", ["inference.py", *argv]), \
             contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         try:
-            code = inference.main([str(arg) for arg in args])
+            code = inference.main(argv)
         except SystemExit as stop:  # argparse's usage errors
             code = stop.code
     return subprocess.CompletedProcess(["inference.py", *args], code, stdout.getvalue(), stderr.getvalue())
