@@ -3,6 +3,7 @@ ranks (add_seraena_term)."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -92,7 +93,10 @@ class LastLayerTap:
                 continue
             inputs, n, latent_frames = self.calls[name]
             with torch.enable_grad():
-                raw = self.conv._conv_forward(inputs.detach(), weight, None if bias is None else bias.detach())
+                # in the forward's dtype: under DDP's bf16 autocast the input is bf16 and the weight fp32,
+                # and autocast cast both to bf16 for the convolution; the cast is differentiated through
+                dtype = inputs.dtype
+                raw = self.conv._conv_forward(inputs.detach(), weight.to(dtype), None if bias is None else bias.detach().to(dtype))
                 frames = self.taehv.frames_from_decoder(raw.reshape(n, -1, *raw.shape[1:]), latent_frames)
                 (part,) = torch.autograd.grad(frames, weight, gradient.to(frames.dtype))
             total = part if total is None else total + part
@@ -240,6 +244,8 @@ def adaptive_weight(reconstruction: torch.Tensor, adversarial: torch.Tensor, las
     finally:
         last_layer.release()
     if rec_grad is None or adv_grad is None:  # no reconstruction term reaches W: the configured weight alone
+        warnings.warn("adaptive_adversarial: the adaptive weight fell back to 1.0 (no reconstruction or adversarial "
+                      "gradient reaches the decoder's last layer); the configured seraena_weight is used alone")
         return torch.ones((), device=adversarial.device)
     ratio = rec_grad.float().norm() / (adv_grad.float().norm() + 1e-4)
     return ratio.clamp(0.0, clamp).detach()
