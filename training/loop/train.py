@@ -412,8 +412,8 @@ def finish(run: TrainingRun) -> int:
         discriminator = {k: v.detach().float().cpu() for k, v in run.seraena.seraena.state_dict().items()}
         print(f"rank {accelerator.process_index} of {accelerator.num_processes}: seraena fingerprint "
               f"{weights_fingerprint(discriminator)}", flush=True)
-    run.log.line(f"done at step {run.progress.step}: exported {run.run_dir / 'final'} "
-                 f"(validation PSNR {run.last_metrics.get('psnr', float('nan')):.2f} dB)")
+    scored = f"validation PSNR {run.last_metrics['psnr']:.2f} dB" if "psnr" in run.last_metrics else "no clip scored"
+    run.log.line(f"done at step {run.progress.step}: exported {run.run_dir / 'final'} ({scored})")
     run.log.line(f"run folder {run.run_dir}: train.log, logs/ (tensorboard --logdir {run.run_dir / 'logs'}), "
                  "checkpoints/, validation_history.json, best_model/, final/taehv.pth + taehv.safetensors")
     run.log.line(f"evaluate: python inference.py --model {run.run_dir} --held-out-of {run.run_dir} (or --videos <clips>) "

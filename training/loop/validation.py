@@ -62,7 +62,8 @@ def validate(run: TrainingRun, evaluated: TAEHV) -> dict:
     the student's decode of reference latents when distilling; clips are split across ranks and the
     sums reduced. A clip whose reference latents are not finite (a bf16 overflow of the reference
     VAE) stays out of every metric, is counted (skipped_clips, in the same reduce: no rank waits on
-    another) and named once. Each rank runs validation_batch_size clips at a time, in the step's precision
+    another) and named once; when every clip is skipped the result is skipped_clips alone, no metric.
+    Each rank runs validation_batch_size clips at a time, in the step's precision
     (bf16 autocast under a bf16 run on a GPU; the metrics in fp32). Rank 0 sends its first clips to
     TensorBoard."""
     from models.metrics import chroma_psnr, colourfulness, flicker, luma_psnr, psnr, source_warps, ssim, warping_error
@@ -135,9 +136,11 @@ def validate(run: TrainingRun, evaluated: TAEHV) -> dict:
                     log_sample_image(run, video[row : row + 1], decoded[""][row : row + 1], index // accelerator.num_processes)
     totals = accelerator.reduce(totals, reduction="sum") if accelerator.num_processes > 1 else totals
     sums = {name: totals[i].item() for i, name in enumerate(names)}
-    clips, skipped_clips = totals[-2].item() or float("nan"), int(totals[-1].item())
+    clips, skipped_clips = totals[-2].item(), int(totals[-1].item())
     if skipped_clips:  # every rank knows from the reduce, so every rank enters this gather
-        name_skipped_clips(run, skipped)
+        name_skipped_clips(run, skipped, scored_none=not clips)
+    if not clips:  # a mean over no clip is NaN, and a NaN best is never beaten: no metric at all
+        return {"skipped_clips": skipped_clips}
     out = {name: sums[name] / clips for name in names if not name.endswith(("colourfulness", "warping_error", "warped_clips"))
            and not name.startswith("psnr_frame")}
     for prefix in prefixes:  # ratios of sums: a grey clip or one without agreeing flow leaves no hole
@@ -157,9 +160,10 @@ def clip_name(dataset, item: dict, index: int) -> str:
     return dataset.record(index)["clip"] if hasattr(dataset, "record") else f"validation sample {index}"
 
 
-def name_skipped_clips(run: TrainingRun, skipped: list[str]) -> None:
+def name_skipped_clips(run: TrainingRun, skipped: list[str], scored_none: bool = False) -> None:
     """Rank 0 names, once per clip, each rank's validation clips with non-finite reference latents
-    (a collective: every rank calls it when the reduced count is not zero)."""
+    (a collective: every rank calls it when the reduced count is not zero); when no clip was scored,
+    one line names them all, at every such validation."""
     accelerator = run.accelerator
     if accelerator.num_processes > 1:
         from accelerate.utils import gather_object
@@ -169,6 +173,12 @@ def name_skipped_clips(run: TrainingRun, skipped: list[str]) -> None:
         seen = [(0, name) for name in skipped]
     cause = (run.reference_vae.nonfinite_message() if run.reference_vae is not None
              else f"non-finite latents in latent_cache={run.config.latent_cache} (rebuild it with scripts/cache_latents.py)")
+    if scored_none:
+        _named_clips.update(name for _, name in seen)
+        clips = ", ".join(f"{name} (rank {rank})" for rank, name in seen)
+        run.log.line(f"validation scored no clip: every held-out clip was skipped ({clips}): {cause}; "
+                     "no metric this time, best_model/ and early stopping stay as they were")
+        return
     for rank, name in seen:
         if name not in _named_clips:
             _named_clips.add(name)
@@ -247,8 +257,9 @@ def animated_image_summary(tag: str, frames: torch.Tensor, frame_ms: int = 125):
 
 
 def record_validation(run: TrainingRun, metrics: dict) -> bool:
-    """validation_history.json, best_model/ and early stopping. Returns True when the run should
-    stop early. The record lives in Progress, so it resumes with the checkpoint."""
+    """validation_history.json, best_model/ and early stopping (a validation that scored no clip
+    leaves both as they were). Returns True when the run should stop early. The record lives in
+    Progress, so it resumes with the checkpoint."""
     config, progress, step = run.config, run.progress, run.progress.step
     if run.accelerator.is_main_process:
         try:  # rank 0 alone writes it, no other rank waits on it: a failed write is logged, not fatal
@@ -262,6 +273,8 @@ def record_validation(run: TrainingRun, metrics: dict) -> bool:
             temporary.replace(path)
         except OSError as failure:
             run.log.line(f"validation_history.json not updated at step {step}: {failure}; training continues")
+    if "psnr" not in metrics:  # validate scored no clip: nothing to compare with the best
+        return False
     value = metrics.get(config.best_metric)
     lower_is_better = config.best_metric.removeprefix("decode_") in LOWER_IS_BETTER
     improved = value is not None and (progress.best_value is None or
