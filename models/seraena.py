@@ -13,6 +13,7 @@ to `discriminator_step` and by averaging BatchNorm running statistics (`batchnor
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 import warnings
@@ -199,17 +200,25 @@ class ReplayBuffer:
         return fakes, torch.stack([context for _, context in entries]).float()
 
     def state_dict(self) -> dict:
-        """The format of separate tensors per entry (copies: saving views would write the whole slab)."""
+        """The slab itself (no copy: a checkpoint writes it straight from host memory, capacity x
+        entry bytes, as the plan counts) and each filled slot's shapes."""
         self.wait_for_copies()
-        return {"capacity": self.capacity, "fakes": [fake.clone() for fake in self.fakes],
-                "contexts": [context.clone() for context in self.contexts]}
+        return {"capacity": self.capacity, "entry_bytes": self.entry_bytes, "slab": self.slab,
+                "shapes": [(tuple(fake), tuple(context)) for fake, context in self.shapes]}
 
     def load_state_dict(self, state: dict) -> None:
-        """Also reads checkpoints written before the buffer was compact (fp32 fakes). The capacity
-        stays this buffer's (what the plan counted); entries past it are left out."""
+        """Also reads the earlier formats (separate tensors per entry; fp32 fakes before the buffer
+        was compact). The capacity stays this buffer's (what the plan counted); entries past it are
+        left out."""
         self.wait_for_copies()
         self.shapes = []
-        for fake, context in list(zip(state["fakes"], state["contexts"]))[: self.capacity]:
+        if "slab" in state:
+            saved = ReplayBuffer(state["capacity"], self.rng, state["entry_bytes"])
+            saved.slab, saved.shapes = state["slab"], [(torch.Size(f), torch.Size(c)) for f, c in state["shapes"]]
+            entries = [saved.entry(slot) for slot in range(len(saved))]
+        else:
+            entries = list(zip(state["fakes"], state["contexts"]))
+        for fake, context in entries[: self.capacity]:
             self._store(len(self), *self.compact(fake, context))
 
 
@@ -306,6 +315,19 @@ class Seraena(nn.Module):
         correction = -gradient / (scale + 1e-5)
         return (fake.detach() + correction).detach()
 
+    def warm_up(self, real: torch.Tensor, fake: torch.Tensor, context: torch.Tensor) -> None:
+        """The discriminator's forward and backward and the correction once at these shapes, on a copy
+        of the discriminator: cuDNN's autotuning (cudnn.benchmark) times each convolution shape at its
+        first use, so a term that starts late is tuned here rather than mid-run. This Seraena's
+        weights, statistics, optimizer, replay buffer, generator and logged stats are untouched."""
+        disc, stats = self.disc, self.last_stats
+        self.disc, self.last_stats = copy.deepcopy(disc).train(), {}
+        try:
+            self._scores(fake.detach(), context.detach()).square().mean().backward()  # the discriminator step's
+            self.correct(real, fake, context)  # the student's target: the input-gradient convolutions
+        finally:
+            self.disc, self.last_stats = disc, stats
+
     def batchnorm_buffers(self) -> list[torch.Tensor]:
         """Running statistics a multi-process loop averages to keep ranks identical."""
         return [b for name, b in self.disc.named_buffers() if "running_" in name]
@@ -314,9 +336,9 @@ class Seraena(nn.Module):
         """The optimizer: with the weights, the state every rank of a run shares."""
         return {"optimizer": self.optimizer.state_dict()}
 
-    def rank_state_dict(self) -> dict:
-        """Replay buffer and random state: each rank's own (it holds its own fakes)."""
-        return {"buffer": self.buffer.state_dict(), "rng": self.rng.getstate()}
+    def rank_state_dict(self, with_buffer: bool = True) -> dict:
+        """Random state and (with_buffer) replay buffer: each rank's own (it holds its own fakes)."""
+        return {"rng": self.rng.getstate(), **({"buffer": self.buffer.state_dict()} if with_buffer else {})}
 
     def load_training_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])

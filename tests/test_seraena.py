@@ -92,7 +92,7 @@ def test_training_state_round_trip_continues_exactly():
     for batch in batches[:3]:
         first.discriminator_step(*batch)
     weights, training_state, rank_state = first.state_dict(), first.training_state_dict(), first.rank_state_dict()
-    assert len(rank_state["buffer"]["fakes"]) == 5  # buffer full: later adds overwrite random slots
+    assert len(rank_state["buffer"]["shapes"]) == 5  # buffer full: later adds overwrite random slots
     resumed = Seraena(9, 16, buffer_size=5, seed=99)
     resumed.load_state_dict(weights)
     resumed.load_training_state_dict(training_state)

@@ -66,6 +66,11 @@ class SeraenaState:
         target = torch.where(torch.isfinite(target), target, fake_groups.detach().float())
         return F.mse_loss(fake_groups.float(), target)
 
+    def warm_up(self, real: torch.Tensor, decoded: torch.Tensor, latents: torch.Tensor) -> None:
+        """cuDNN's tuning of the term's shapes, without a step (models/seraena.py Seraena.warm_up)."""
+        real_groups, fake_groups, context = self._groups(real, decoded.detach(), latents)
+        self.seraena.warm_up(real_groups, fake_groups.float(), context)
+
     def discriminator_step(self, real: torch.Tensor, decoded: torch.Tensor, latents: torch.Tensor) -> None:
         """The discriminator's step alone (its warm-up, before its term reaches the student)."""
         self._discriminator_step(*self._groups(real, decoded, latents))
@@ -118,10 +123,7 @@ class SeraenaState:
         self.resets = int(state.get("resets", 0))
 
     def rank_state_dict(self, with_buffer: bool = True) -> dict:
-        state = self.seraena.rank_state_dict()
-        if not with_buffer:
-            del state["buffer"]
-        return state
+        return self.seraena.rank_state_dict(with_buffer)
 
     def load_rank_state_dict(self, state: dict) -> None:
         self.seraena.load_rank_state_dict(state)
