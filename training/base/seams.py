@@ -9,7 +9,8 @@ seam: its faults are hooks on the modules, where real ones come from.
 Seams of the run (name: arguments, where it fires):
   file_write: (what, step) before rank 0 writes `what` (history, best_model, final)
   checkpoint_probe: (probe_path, step) inside each rank's write probe of a checkpoint folder
-  checkpoint_engine_saved: (step,) after accelerate's / DeepSpeed's files of a checkpoint
+  checkpoint_write: (path, step) before this rank writes one file of a checkpoint (after every
+    collective of the save: a failing write leaves no other rank waiting)
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Callable
 
-SEAM_NAMES = ("file_write", "checkpoint_probe", "checkpoint_engine_saved")
+SEAM_NAMES = ("file_write", "checkpoint_probe", "checkpoint_write")
 
 
 class Seams:

@@ -3,7 +3,6 @@ elastic), with the named registry of stateful parts."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -17,7 +16,7 @@ import torch
 from training.base.agreement import agree
 from training.config.schema import ResumeError, TrainConfig
 from training.run.checkpoint_files import complete_checkpoints, read_state
-from training.run.elastic import save_full_state
+from training.run.elastic import full_state_files, gather_full_state
 from training.run.folder import check_writable
 
 if TYPE_CHECKING:
@@ -112,56 +111,33 @@ def _save_checkpoint(run: TrainingRun, step: int) -> Path | None:
 
 
 def save_every_part(run: TrainingRun, temporary: Path, step: int) -> str:
-    """Writes the checkpoint's parts into `temporary`; returns this rank's first write error, or ''.
-    Every rank runs every part, a failed one included, so the collectives inside the parts match
-    (DeepSpeed's save gathers and ends in a barrier; the full state is gathered after it)."""
-    accelerator = run.accelerator
-    errors = []
-    try:
-        with engine_writes_recorded(run.model, errors):
-            accelerator.save_state(str(temporary))
-    except OSError as failure:  # accelerate's own files (DDP: the model, optimizer, random states)
-        errors.append(str(failure))
-    run.seams.fire("checkpoint_engine_saved", step)
-    parts = [lambda: save_full_state(accelerator, run.model, run.optimizer, run.config, run.progress.micro_step, temporary),
-             lambda: save_stateful_objects(run, temporary)]
+    """Writes the checkpoint's files into `temporary`; returns this rank's first write error, or ''.
+    Every collective of the save (DeepSpeed's gathers of the full state, the partitioned EMA's)
+    runs first, on every rank; then each rank writes its own files, so a failed write leaves no
+    rank waiting in a collective. Each tensor is written once (training/run/elastic.py)."""
+    from accelerate.checkpointing import save_accelerator_state
+
+    accelerator, rank = run.accelerator, run.accelerator.process_index
+    writer = accelerator.is_main_process
+    full_state = gather_full_state(accelerator, run.model, run.optimizer, to_host=writer)
+    states = {name: obj.state_dict() for name, obj in stateful_objects(run).items()}  # the EMA's gathers its partitions
+    files = {}  # file name -> writer(path)
+    if writer:
+        files.update(full_state_files(full_state, accelerator, run.config, run.progress.micro_step))
+        files.update({f"{name}_state.pt": (lambda path, state=state: torch.save(state, path)) for name, state in states.items()})
+    # each rank's random states in accelerate's own file (random_states_<rank>.pkl), with its step counter
+    files[f"random_states_{rank}.pkl"] = lambda path: save_accelerator_state(
+        str(path.parent), [], [], [], [], rank, accelerator.step, accelerator.scaler if writer else None)
     if run.seraena is not None:  # each rank's own replay buffer (unless left out) and random state
-        state = lambda: run.seraena.rank_state_dict(with_buffer=run.config.seraena_buffer_in_checkpoints)  # noqa: E731
-        parts.append(lambda: torch.save(state(), temporary / seraena_rank_file(accelerator.process_index)))
-    for part in parts:
+        files[seraena_rank_file(rank)] = lambda path: torch.save(
+            run.seraena.rank_state_dict(with_buffer=run.config.seraena_buffer_in_checkpoints), path)
+    for name, write in files.items():
         try:
-            part()
+            run.seams.fire("checkpoint_write", temporary / name, step)
+            write(temporary / name)
         except OSError as failure:
-            errors.append(str(failure))
-    return errors[0] if errors else ""
-
-
-@contextlib.contextmanager
-def engine_writes_recorded(engine, errors: list):
-    """DeepSpeed's save runs collectives between its file writes (parameter gathers under ZeRO-3,
-    a closing barrier): a write that raised on one rank would leave the others waiting in them.
-    While this is active its writes record their OSError in `errors` and return, so every rank
-    runs the whole save and the ranks agree on the failure afterwards."""
-    checkpoint_engine = getattr(engine, "checkpoint_engine", None)
-    if checkpoint_engine is None:  # not a DeepSpeed engine
-        yield
-        return
-    write, own = checkpoint_engine.save, "save" in vars(checkpoint_engine)
-
-    def recorded(*args, **kwargs):
-        try:
-            return write(*args, **kwargs)
-        except OSError as failure:
-            errors.append(str(failure))
-
-    checkpoint_engine.save = recorded
-    try:
-        yield
-    finally:
-        if own:
-            checkpoint_engine.save = write
-        else:
-            del checkpoint_engine.save
+            return str(failure)
+    return ""
 
 
 def stateful_objects(run: TrainingRun) -> dict:
@@ -169,15 +145,6 @@ def stateful_objects(run: TrainingRun) -> dict:
     order of STATE_NAMES; absent parts (no EMA, no Seraena) are left out."""
     named = {"scheduler": run.scheduler, "progress": run.progress, "ema": run.ema, "seraena": run.seraena}
     return {name: named[name] for name in STATE_NAMES if named[name] is not None}
-
-
-def save_stateful_objects(run: TrainingRun, folder: Path) -> None:
-    """<name>_state.pt for each, written by rank 0 (they are identical on every rank). Every rank
-    takes the states: the EMA's gathers its partitions (training/step/losses.py PartitionedEMA)."""
-    states = {name: obj.state_dict() for name, obj in stateful_objects(run).items()}
-    if run.accelerator.is_main_process:
-        for name, state in states.items():
-            torch.save(state, folder / f"{name}_state.pt")
 
 
 def load_stateful_objects(folder: Path, objects: dict) -> None:
@@ -223,26 +190,35 @@ def writable_problem(folder: Path, before_write=lambda probe: None) -> str:
 
 
 def resume(run: TrainingRun, folder: Path) -> None:
-    """accelerate's exact path when the checkpoint was written by the same topology; else the
-    elastic path (training/run/elastic.py), checked by re-gathering the loaded state."""
+    """Weights and optimizer state from the checkpoint's one portable format on any topology
+    (training/run/elastic.py); on the topology that wrote it also each rank's random states: the
+    exact resume. Checkpoints written before that format hold accelerate's own model and optimizer
+    files: accelerate's exact path reads those."""
     from training.run import elastic
 
     accelerator, config = run.accelerator, run.config
-    if elastic.same_topology(folder, accelerator, config):
+    exact = elastic.same_topology(folder, accelerator, config)
+    if exact and holds_accelerate_model_files(folder):
         if any(folder.glob("custom_checkpoint_*.pkl")):  # the older layout: accelerate reads those files by position
             accelerator.register_for_checkpointing(*stateful_objects(run).values())
             accelerator.load_state(str(folder))
-            accelerator._custom_objects.clear()  # later checkpoints write the named files (save_stateful_objects)
+            accelerator._custom_objects.clear()  # later checkpoints write the named files
         else:
             accelerator.load_state(str(folder))
             load_stateful_objects(folder, stateful_objects(run))
         restored = load_seraena_rank_state(run, folder)
         run.log.line(f"resumed from {folder} at step {run.progress.step}{restored}")
         return
-    saved = json.loads((folder / elastic.TOPOLOGY).read_text())
     load_stateful_objects(folder, stateful_objects(run))
+    for group, lr in zip(run.scheduler.optimizer.param_groups, run.scheduler.get_last_lr()):
+        group["lr"] = lr  # the schedule's rate, which the optimizer's own state held in accelerate's files
     elastic.load_full_state(accelerator, run.model, run.optimizer, folder)
-    load_seraena_rank_state(run, folder)
+    restored = load_seraena_rank_state(run, folder)
+    if exact:
+        load_random_states(accelerator, folder)
+        run.log.line(f"resumed from {folder} at step {run.progress.step}{restored}")
+        return
+    saved = json.loads((folder / elastic.TOPOLOGY).read_text())
     run.progress.micro_step = elastic.converted_micro_step(folder, accelerator, config)
     loaded = elastic.state_fingerprint(elastic.gather_full_state(accelerator, run.model, run.optimizer))
     if loaded != saved["state_fingerprint"]:
@@ -251,3 +227,19 @@ def resume(run: TrainingRun, folder: Path) -> None:
     run.log.line(f"resumed elastically from {folder} at step {run.progress.step}: {saved['num_processes']} processes "
                  f"ZeRO {saved['zero_stage']} -> {accelerator.num_processes} processes ZeRO {config.zero_stage}; "
                  f"weights and optimizer state identical (fingerprint {loaded}); per-rank random states start fresh")
+
+
+def holds_accelerate_model_files(folder: Path) -> bool:
+    """Written by accelerate's save_state (before the one format): DDP's model and optimizer files, or
+    DeepSpeed's shards (a `latest` file naming their folder)."""
+    return any((folder / name).exists() for name in ("model.safetensors", "pytorch_model.bin", "optimizer.bin", "latest"))
+
+
+def load_random_states(accelerator, folder: Path) -> None:
+    """This rank's random states and accelerate's step counter (its accumulation position), from the
+    file accelerate's save_accelerator_state wrote."""
+    from accelerate.checkpointing import load_accelerator_state
+
+    scaler = accelerator.scaler if (folder / "scaler.pt").is_file() else None
+    restored = load_accelerator_state(str(folder), [], [], [], [], accelerator.process_index, scaler)
+    accelerator.step = restored.get("step", accelerator.step)

@@ -25,7 +25,8 @@ The step, data, checkpoint and validation code never read these settings.
                                             the marker does not exist creates it and dies by SIGSEGV
     TAEHV_FAULT_CHECKPOINT_FAIL_STEPS=2     the checkpoint of step 2 fails its write probe (after a
                                             partial file)
-    TAEHV_FAULT_ENGINE_SAVE_FAIL_STEPS=2    DeepSpeed's first file write of that checkpoint fails
+    TAEHV_FAULT_STATE_SAVE_FAIL_STEPS=2     this rank's first file write of that checkpoint fails after a
+                                            partial file (rank 0: the full state; others: their own files)
     TAEHV_FAULT_SLOW_SAVE_S=N               each checkpoint's writes take N s longer
     TAEHV_FAULT_WRITE_FAILS=history,best_model,final
                                             rank 0's first write of each named file fails once
@@ -75,7 +76,7 @@ class FaultInjection:
     data_failure_micro_step: int = 0
     worker_segfault_marker: str = ""
     checkpoint_fail_steps: set[int] = field(default_factory=set)
-    engine_save_fail_steps: set[int] = field(default_factory=set)
+    state_save_fail_steps: set[int] = field(default_factory=set)
     slow_save_s: float = 0.0
     failing_writes: set[str] = field(default_factory=set)
 
@@ -97,7 +98,7 @@ class FaultInjection:
             data_failure_micro_step=_number("TAEHV_FAULT_DATA_FAILURE_MICRO_STEP"),
             worker_segfault_marker=os.environ.get("TAEHV_FAULT_WORKER_SEGFAULT", ""),
             checkpoint_fail_steps=_numbers("TAEHV_FAULT_CHECKPOINT_FAIL_STEPS"),
-            engine_save_fail_steps=_numbers("TAEHV_FAULT_ENGINE_SAVE_FAIL_STEPS"),
+            state_save_fail_steps=_numbers("TAEHV_FAULT_STATE_SAVE_FAIL_STEPS"),
             slow_save_s=_number("TAEHV_FAULT_SLOW_SAVE_S", float),
             failing_writes={x.strip() for x in os.environ.get("TAEHV_FAULT_WRITE_FAILS", "").split(",") if x.strip()},
         )
@@ -214,18 +215,18 @@ class FaultInjection:
                     raise OSError(28, "No space left on device (injected)")
 
             run.seams.install("checkpoint_probe", fail_probe)
-        if self.slow_save_s:  # storage that takes its time, between the engine's files and ours
-            run.seams.install("checkpoint_engine_saved", lambda step: time.sleep(self.slow_save_s))
-        checkpoint_engine = getattr(run.model, "checkpoint_engine", None)
-        if self.engine_save_fail_steps and checkpoint_engine is not None:
-            save = checkpoint_engine.save
+        if self.slow_save_s or self.state_save_fail_steps:
+            slowed: set[int] = set()
 
-            def save_that_fails(*args, **kwargs):  # DeepSpeed's first file write of that checkpoint
-                if once(self.engine_save_fail_steps, run.progress.step):
-                    raise OSError(28, f"No space left on device (injected inside DeepSpeed's save of step {run.progress.step})")
-                return save(*args, **kwargs)
+            def slow_or_failing_write(path, step: int):
+                if self.slow_save_s and step not in slowed:  # storage that takes its time, once per checkpoint
+                    slowed.add(step)
+                    time.sleep(self.slow_save_s)
+                if once(self.state_save_fail_steps, step):  # a disk that fills in the middle of the checkpoint
+                    path.write_bytes(b"\0" * 1024)
+                    raise OSError(28, f"No space left on device (injected: {path.name} of the checkpoint of step {step})")
 
-            checkpoint_engine.save = save_that_fails  # an instance attribute over the class's method
+            run.seams.install("checkpoint_write", slow_or_failing_write)
 
 
 class SegfaultingDataset(Dataset):

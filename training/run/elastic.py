@@ -1,19 +1,19 @@
-"""Checkpoints that resume on another process count or ZeRO stage.
+"""The training state of a checkpoint, in one portable format that every resume reads.
 
-accelerate's `save_state` under DeepSpeed writes optimizer shards that only a job with the same
-number of processes and the same ZeRO stage can load. Every checkpoint therefore also holds:
+accelerate's `save_state` would write the student and its optimizer in a form only a job of the
+same process count and ZeRO stage can load (DeepSpeed's shards), so a checkpoint holds them once,
+by parameter name, instead:
 
-- `topology.json`: processes, ZeRO stage, micro-batch, data position (batches drawn per rank);
 - `full_state.pt`: per parameter name, the fp32 master weight and AdamW's `exp_avg` and
-  `exp_avg_sq`, plus the optimizer step, gathered through DeepSpeed's `safe_get_full_*` calls
-  (or read directly from the torch optimizer under DDP / one process). The student is small, so
-  this costs three fp32 copies of it (~130 MB for taehv), written by rank 0.
+  `exp_avg_sq`, plus the optimizer step (12 bytes per trained parameter: ~136 MB for taecvx),
+  gathered through DeepSpeed's `safe_get_full_*` calls (or read directly from the torch optimizer
+  under DDP / one process) and written by rank 0. Only rank 0 copies the tensors to the host.
+- `topology.json`: processes, ZeRO stage, micro-batch, data position (batches drawn per rank).
 
-Resume (`load_checkpoint`) uses accelerate's exact path when the topology matches, else the
-elastic path: weights and optimizer state are set through `safe_set_full_*` (or directly), the
-registered objects (scheduler, progress, EMA, Seraena) are read from accelerate's files, the
-data position is converted to the new process count by samples consumed, and per-rank random
-states start fresh from the seed and step (the only thing not carried over).
+Resume sets weights and optimizer state through `safe_set_full_*` (or directly) on any topology;
+on the one that wrote the checkpoint it also restores each rank's random states (exact resume),
+else it converts the data position by samples consumed and the per-rank random states start
+fresh from the seed and step.
 """
 
 from __future__ import annotations
@@ -53,9 +53,12 @@ def optimizer_step(accelerator, model, optimizer) -> float:
     return float(states[0]["step"]) if states else 0.0
 
 
-def gather_full_state(accelerator, model, optimizer) -> dict:
-    """On every rank (the DeepSpeed gathers are collective); CPU fp32 tensors."""
+def gather_full_state(accelerator, model, optimizer, to_host: bool = True) -> dict | None:
+    """Every rank calls it (DeepSpeed's gathers are collective); CPU fp32 tensors on the ranks
+    with `to_host`, None on the others (they only take part in the gathers)."""
     engine = deepspeed_engine(accelerator, model)
+    if engine is None and not to_host:  # DDP and one process hold the full state on every rank: nothing to gather
+        return None
     state = {"weights": {}, **{key: {} for key in OPTIMIZER_KEYS}}
     torch_state = base_optimizer(accelerator, model, optimizer).state
     stepped = any(len(s) for s in torch_state.values())  # before the first step AdamW has no moments
@@ -69,11 +72,12 @@ def gather_full_state(accelerator, model, optimizer) -> dict:
         else:
             weight = param.detach()
             moments = {key: torch_state.get(param, {}).get(key, torch.zeros_like(param)) for key in OPTIMIZER_KEYS}
-        state["weights"][name] = weight.detach().float().cpu().clone()
-        for key in OPTIMIZER_KEYS:
-            state[key][name] = moments[key].detach().float().cpu().clone()
+        if to_host:  # one host copy on a GPU (.cpu()); on a CPU the live tensors, written at once
+            state["weights"][name] = weight.detach().float().cpu()
+            for key in OPTIMIZER_KEYS:
+                state[key][name] = moments[key].detach().float().cpu()
     state["optimizer_step"] = optimizer_step(accelerator, model, optimizer)
-    return state
+    return state if to_host else None
 
 
 def checkpoint_contract(config) -> dict:
@@ -107,14 +111,13 @@ def check_resumable(folder: Path, config) -> None:
                          f"{', '.join(expected['registered'])}: keep ema_decay and seraena_weight on or off as in that run")
 
 
-def save_full_state(accelerator, model, optimizer, config, micro_step: int, folder: Path) -> None:
-    state = gather_full_state(accelerator, model, optimizer)
-    if accelerator.is_main_process:
-        torch.save(state, folder / FULL_STATE)
-        topology = {"num_processes": accelerator.num_processes, "zero_stage": config.zero_stage,
-                    "batch_size_per_gpu": config.batch_size_per_gpu, "micro_step": micro_step,
-                    "state_fingerprint": state_fingerprint(state), **checkpoint_contract(config)}
-        (folder / TOPOLOGY).write_text(json.dumps(topology, indent=2) + "\n")
+def full_state_files(state: dict, accelerator, config, micro_step: int) -> dict:
+    """{file name: writer} of the training state, for rank 0 (the one holding `state`)."""
+    topology = {"num_processes": accelerator.num_processes, "zero_stage": config.zero_stage,
+                "batch_size_per_gpu": config.batch_size_per_gpu, "micro_step": micro_step,
+                "state_fingerprint": state_fingerprint(state), **checkpoint_contract(config)}
+    return {FULL_STATE: lambda path: torch.save(state, path),
+            TOPOLOGY: lambda path: path.write_text(json.dumps(topology, indent=2) + "\n")}
 
 
 def state_fingerprint(state: dict) -> str:
