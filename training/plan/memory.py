@@ -78,6 +78,7 @@ class MemoryEstimate:
     checkpoint_gb: float = 0.0
     checkpoint_replay_gb: float = 0.0  # of which the replay buffers of every rank
     checkpoints_kept: int = 1
+    checkpoint: "CheckpointCost | None" = None
     reference_encode_gb: float = 0.0  # the reference VAE's encode of one batch on the fly (measured), 0 without one
     note: str = ""
 
@@ -103,7 +104,10 @@ class MemoryEstimate:
                 f"checkpoint:    {self.checkpoint_gb:.2f} GB per checkpoint folder, {self.checkpoint_gb * self.checkpoints_kept:.2f} GB "
                 f"for the {self.checkpoints_kept} kept (checkpoints_total_limit)"
                 + (f"; the replay buffers are {self.checkpoint_replay_gb:.2f} GB of each (seraena_buffer_in_checkpoints=false "
-                   "leaves them out: a resume refills the buffer)" if self.checkpoint_replay_gb >= 0.5 * self.checkpoint_gb > 0 else "")]
+                   "leaves them out: a resume refills the buffer)" if self.checkpoint_replay_gb >= 0.5 * self.checkpoint_gb > 0 else "")
+                + (f"; rank 0 writes {self.checkpoint.rank0_bytes / GB:.2f} GB after {self.checkpoint.collectives} blocking "
+                   f"all-reduces ({self.checkpoint.allreduce_bytes_per_rank / GB:.2f} GB through each rank): about "
+                   f"{self.checkpoint.seconds():.1f} s" if self.checkpoint else "")]
 
 
 def _training_dtype(config) -> torch.dtype:
@@ -185,18 +189,29 @@ def measure_step(config, fake: bool = True, batch: int | None = None, height: in
         seraena = (SeraenaState(taehv.latent_channels, config.seraena_learning_rate, 4, 0, 0, torch.device("cpu"),
                                 torch.bfloat16 if config.mixed_precision == "bf16" else None)
                    if needs_module(config, "seraena") else None)
+        if autocast:  # as accelerate runs DDP under mixed precision: the student's forward alone autocast, fp32 out
+            student.forward = autocast_forward(student.forward, _training_dtype(config))
         modules = [m for m in (student, lpips, seraena and seraena.seraena) if m is not None]
         tracker = StepPeak()
         with tracker:
             for tensor in [*(p for m in modules for p in m.parameters()), video, *([latents] if latents is not None else [])]:
                 tracker.count(tensor)
             weights = sum(p.untyped_storage().nbytes() for m in modules for p in m.parameters())
-            with torch.autocast("cpu", _training_dtype(config), enabled=autocast):
-                losses = forward_losses(config, student, video, latents, lpips)
-                total = add_seraena_term(config, seraena, losses, last_layer=student.last_layer)
+            losses = forward_losses(config, student, video, latents, lpips)
+            total = add_seraena_term(config, seraena, losses, last_layer=student.last_layer)
             total.backward()
             del total, losses
         return weights, tracker.peak
+
+
+def autocast_forward(forward, dtype: torch.dtype):
+    """`forward` under autocast with its outputs cast to fp32 (accelerate's prepare_model under DDP)."""
+    def forward_under_autocast(*args, **kwargs):
+        with torch.autocast("cpu", dtype):
+            outputs = forward(*args, **kwargs)
+        return {name: output.float() for name, output in outputs.items()}
+
+    return forward_under_autocast
 
 
 def measure_reference_encode(config) -> int:
@@ -287,11 +302,64 @@ def estimate_memory(config) -> MemoryEstimate:
         "data in flight": max(1, config.num_workers) * config.prefetch_factor * config.batch_size_per_gpu * clip_bytes * 2 / GB,
         "process": HOST_BASELINE_GB,
     }
-    # a buffer per rank, unless left out of checkpoints
-    estimate.checkpoint_replay_gb = buffer * processes / GB if config.seraena_buffer_in_checkpoints else 0.0
-    estimate.checkpoint_gb = params * (weight_bytes + 4 + 8 + 4 + 4) / GB + estimate.checkpoint_replay_gb
+    estimate.checkpoint = checkpoint_cost(config, model, buffer)
+    estimate.checkpoint_replay_gb = estimate.checkpoint.replay_bytes / GB
+    estimate.checkpoint_gb = estimate.checkpoint.total_bytes / GB
     estimate.checkpoints_kept = config.checkpoints_total_limit
     return estimate
+
+
+# what the checkpoint time below assumes (not measured here): NCCL's all-reduce bus bandwidth across nodes
+# (8 x 400 Gb/s InfiniBand per 8-GPU node), one small collective's latency at 64 ranks, shared storage's write rate
+ALLREDUCE_BUS_GB_S = 40.0
+COLLECTIVE_LATENCY_S = 1e-4
+STORAGE_WRITE_GB_S = 1.0
+
+
+@dataclass
+class CheckpointCost:
+    """One checkpoint folder (training/loop/checkpoints.py save_every_part), by what writes it."""
+
+    rank0_bytes: int  # full_state.pt (fp32 weights + AdamW's two moments of the trained parameters), EMA, Seraena
+    replay_bytes: int  # every rank's replay-buffer slab, each written by its rank (0 when left out)
+    collectives: int  # blocking all-reduces that gather the full state (ZeRO: one per trained tensor and state)
+    allreduce_bytes_per_rank: int  # what each rank sends and receives in them (a ring moves twice the payload)
+    processes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.rank0_bytes + self.replay_bytes
+
+    def seconds(self) -> float:
+        """The blocking part of a checkpoint on the figures above: the gathers, then rank 0's write
+        (the other ranks write their own replay buffers at the same time)."""
+        gather = self.collectives * COLLECTIVE_LATENCY_S + self.allreduce_bytes_per_rank / GB / ALLREDUCE_BUS_GB_S
+        writes = max(self.rank0_bytes, self.replay_bytes / self.processes) / GB / STORAGE_WRITE_GB_S
+        return gather + writes
+
+
+def checkpoint_cost(config, model=None, replay_buffer_bytes_per_rank: int | None = None) -> CheckpointCost:
+    """What a checkpoint of this config writes and gathers; each tensor once (training/run/elastic.py)."""
+    from models.seraena import SeraenaDiscriminator
+    from models.taehv import TAEHV
+
+    model = model if model is not None else TAEHV(student_of(config))
+    parts = [model.encoder] * config.train_encoder + [model.decoder] * config.train_decoder
+    trained = [p for part in parts for p in part.parameters()]
+    trained_numel = sum(p.numel() for p in trained)
+    rank0 = trained_numel * 12  # fp32 master weight, exp_avg, exp_avg_sq
+    rank0 += sum(p.numel() for p in model.parameters()) * 4 if config.ema_decay > 0 else 0  # the EMA's fp32 shadow
+    seraena = needs_module(config, "seraena")
+    if seraena:  # discriminator weights and BatchNorm statistics, AdamW's moments
+        disc = SeraenaDiscriminator(9, model.latent_channels)
+        rank0 += sum(t.numel() * t.element_size() for t in disc.state_dict().values()) + sum(p.numel() for p in disc.parameters()) * 8
+    if replay_buffer_bytes_per_rank is None:
+        replay_buffer_bytes_per_rank = replay_buffer_bytes(config, model.patch_size, model.latent_channels) if seraena else 0
+    processes = max(1, config.num_processes)
+    replay = replay_buffer_bytes_per_rank * processes if config.seraena_buffer_in_checkpoints else 0
+    zero = config.zero_stage > 0 and processes > 1
+    return CheckpointCost(rank0, replay, collectives=3 * len(trained) if zero else 0,
+                          allreduce_bytes_per_rank=2 * trained_numel * 12 if zero else 0, processes=processes)
 
 
 def deepspeed_bucket_bytes(config, params: int) -> int:
