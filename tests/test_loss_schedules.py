@@ -148,6 +148,36 @@ def test_the_critic_warms_up_alone_then_its_term_reaches_the_student():
         assert ("seraena" in losses.logged) == reaches and torch.equal(total, losses.total) != reaches, step
 
 
+def test_the_terms_that_start_later_run_once_at_their_shapes_and_change_nothing(monkeypatch):
+    """The first micro-step's warm-up (cuDNN tunes each shape at its first use, so a late term would
+    be tuned mid-run): every term weighted 0 runs forward and backward once, Seraena's on a copy of its
+    discriminator with the correction; its weights, statistics, optimizer, buffer, generator and logs
+    are untouched, and so is the student's loss and its gradients."""
+    from training.step import losses
+
+    config = load_config("test", ["seraena_weight=0.1", "batch_size_per_gpu=2", "seraena_schedule=3,0", "temporal_weight=0.5",
+                                  "temporal_schedule=2,2"], 1, check_paths=False)
+    student, seraena = tiny_student(), seraena_for(config)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    video = torch.rand(2, 8, 3, 32, 32)
+    step_losses = losses.forward_losses(config, student, video, None, step=0)
+    disc = seraena.seraena.disc
+    before = {k: v.clone() for k, v in disc.state_dict().items()}
+    rng, buffered, stats = seraena.seraena.rng.getstate(), len(seraena.seraena.buffer), dict(seraena.seraena.last_stats)
+    calls = []
+    monkeypatch.setattr(torch.nn.Conv2d, "_conv_forward", lambda self, *a, real=torch.nn.Conv2d._conv_forward:
+                        calls.append(self) or real(self, *a))
+    assert losses.warm_late_terms(config, step_losses, video, None, seraena, None) == ["temporal", "seraena"]
+    assert all(torch.equal(before[k], v) for k, v in disc.state_dict().items())  # BatchNorm statistics included
+    assert not seraena.seraena.optimizer.state and all(p.grad is None for p in disc.parameters())
+    assert (seraena.seraena.rng.getstate(), len(seraena.seraena.buffer), seraena.seraena.last_stats) == (rng, buffered, stats)
+    assert calls and not any(module is layer for module in calls for layer in disc.modules())  # a copy ran
+    step_losses.total.backward()  # the student's own graph is intact
+    assert all(p.grad is not None for p in student.parameters() if p.requires_grad)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)  # nothing to tune (aspect buckets)
+    assert losses.warm_late_terms(config, step_losses, video, None, seraena, None) == []
+
+
 @pytest.mark.parametrize("variant, checkpointing, channels_last, autocast", [
     ("taehv", False, False, False), ("taehv", True, True, False), ("taew2_2", False, False, False), ("taehv", False, False, True)])
 def test_the_adaptive_weight_is_the_gradient_norm_ratio_on_the_decoders_last_layer_clamped(variant, checkpointing, channels_last,

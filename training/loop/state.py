@@ -79,3 +79,4 @@ class TrainingRun:
     failed_checkpoints: int = 0
     step_timeout_set: bool = False
     stopped_early: bool = False
+    late_terms_warmed: bool = False  # cuDNN has met every term's shapes (training/step/losses.py warm_late_terms)

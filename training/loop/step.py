@@ -19,7 +19,7 @@ from training.loop.state import TrainingRun
 from training.run.checkpoint_files import complete_checkpoints
 from training.loop.skips import STEP_SKIPS
 from training.config.terms import discriminator_updates
-from training.step.losses import StepLosses, add_seraena_term, forward_losses
+from training.step.losses import StepLosses, add_seraena_term, forward_losses, warm_late_terms
 
 
 @dataclass
@@ -80,6 +80,11 @@ def compute_locally(run: TrainingRun, batch, window: Window) -> LocalResult:
                     local.reference_failed = ~torch.isfinite(reference_latents).all()
                 # the fp32 video is every term's target; the student casts its own input (Student.forward)
                 local.losses = forward_losses(run.config, model, video, reference_latents, run.lpips, step=run.progress.step)
+                if not run.late_terms_warmed:  # this process's first micro-step: the shapes of terms that start later too
+                    warmed = warm_late_terms(run.config, local.losses, video, reference_latents, run.seraena, run.lpips)
+                    run.late_terms_warmed = True
+                    if warmed:
+                        run.log.line(f"terms that start later ran once at their shapes (cuDNN tunes them now, not mid-run): {', '.join(warmed)}")
         except RuntimeError as error:  # torch.OutOfMemoryError, or cuDNN's and cuBLAS's own allocation failures
             if not is_memory_error(error):
                 raise

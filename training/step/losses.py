@@ -226,6 +226,31 @@ def add_seraena_term(config, seraena: "SeraenaState | None", losses: StepLosses,
     return total
 
 
+def warm_late_terms(config, losses: StepLosses, video: torch.Tensor, reference_latents: torch.Tensor | None,
+                    seraena: "SeraenaState | None", lpips: nn.Module | None) -> list[str]:
+    """cuDNN's autotuning (cudnn.benchmark) times each convolution shape at its first use. A term whose
+    schedule starts late (vidtok's adversarial term at step 20,000, a ramped LPIPS) would meet its
+    shapes then: tuned mid-run, with that step's activations live, where the plan holds all tuning
+    in the first step. The loop calls this in its first micro-step: each term weighted 0 now runs
+    once, forward and backward, on detached copies of the student's outputs (Seraena's on a copy of
+    its discriminator, correction included), so nothing of the run changes. Returns the terms warmed."""
+    if losses.weights is None or not torch.backends.cudnn.benchmark:
+        return []
+    distill, warmed = reference_latents is not None, []
+    for term in active_terms(config, distill):
+        if losses.weights[term.name] > 0:
+            continue
+        if term.across_ranks:
+            if seraena is not None and losses.seraena_inputs is not None:
+                seraena.warm_up(*losses.seraena_inputs)
+                warmed.append(term.name)
+            continue
+        read = losses.outputs[source(term, distill)].detach().requires_grad_()
+        TERM_LOSSES[term.name](config, read, video, reference_latents, lpips).backward()
+        warmed.append(term.name)
+    return warmed
+
+
 def log_seraena_stats(seraena: "SeraenaState", logged: dict) -> None:
     # the adversarial game in TensorBoard: train/seraena_discriminator_loss, _accuracy, _gradient_std
     logged.update({f"seraena_{k}": v for k, v in seraena.seraena.last_stats.items()})
