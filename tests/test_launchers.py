@@ -325,35 +325,72 @@ def fingerprints(output: str) -> dict:
     return dict(re.findall(r"rank (\d+) of 2: final weights fingerprint ([0-9a-f]{16})", output))
 
 
+# a recipe's schedule shape per engine, compressed into a 4-step run: each term that starts late starts
+# within it, a checkpoint (step 4) and a resume follow the starts. vidtok: the adversarial term and its
+# adaptive weight at once, late (step 3: the warm-up before step 1 is what keeps cuDNN's tuning there);
+# opensora2: the critic warms up alone (step 1), then its term ramps in. LPIPS and the temporal term ramp
+# or start late on every engine (seraena-notebook's shape, every term from step 0, is the other tests').
+VIDTOK_SHAPE = ["seraena_schedule=(3,0)", "discriminator_start_step=-1", "adaptive_adversarial=true"]
+OPENSORA2_SHAPE = ["seraena_schedule=(2,2)", "discriminator_start_step=1"]
+LATE_LOCAL_TERMS = ["perceptual_weight=0.1", "perceptual_schedule=(1,2)", "temporal_weight=0.1", "temporal_schedule=(2,0)"]
+
+
+def probe_reports(folder: Path, stderr: str) -> list[dict]:
+    """The step probe's report of each rank (tests/step_probe.py), checked for what every engine must
+    keep: CUDA's dtype rules, no convolution shape first met after the first optimizer step, and the
+    adaptive weight equal to plain fp32 autograd's within bf16's tolerance (never the fallback)."""
+    reports = [json.loads(path.read_text()) for path in sorted(folder.glob("rank*.json"))]
+    assert len(reports) == 2 and all(r["exit_code"] == 0 for r in reports), reports
+    for report in reports:
+        assert report["checked"].get("mse_loss_backward", 0) > 0, report["checked"]
+        assert report["late_convolutions"] == [], report["late_convolutions"][:5]
+        for measured, expected in report["adaptive"]:
+            assert measured == pytest.approx(expected, rel=5e-2), report["adaptive"]
+    assert "fell back to 1.0" not in stderr
+    return reports
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("accelerate_file, zero", [
+@pytest.mark.parametrize("accelerate_file, zero, schedule", [
     # 1gpu, 16gpu and 64gpu (ZeRO-2, bf16) differ from deepspeed_8gpu.yaml only in the process and machine
     # counts the launchers override (their dry runs above resolve them); one training run covers the four
-    pytest.param("deepspeed_8gpu.yaml", 2, marks=needs_compiler),
-    pytest.param("deepspeed_64gpu_zero3.yaml", 3, marks=needs_compiler), ("ddp_cpu.yaml", 0),
+    pytest.param("deepspeed_8gpu.yaml", 2, VIDTOK_SHAPE, marks=needs_compiler),
+    pytest.param("deepspeed_64gpu_zero3.yaml", 3, OPENSORA2_SHAPE, marks=needs_compiler),  # no adaptive weight under ZeRO-3
+    ("ddp_cpu.yaml", 0, [*OPENSORA2_SHAPE, "adaptive_adversarial=true"]),
+    ("ddp_gpu_bf16.yaml", 0, VIDTOK_SHAPE),  # DDP under accelerate's bf16 autocast, as the one-node GPU file runs
 ])
-def test_production_and_ddp_files_train_with_two_cpu_processes(accelerate_file, zero, tmp_path, synthetic_clips):
-    """The real ZeRO stage and precision (bf16) of each production file, and plain DDP, under
-    accelerate launch, with ranks that disagree: rank 1 alone runs out of memory (micro-step 2),
-    gets a NaN loss (micro-step 4) and fails to write the checkpoint of step 2 (inside DeepSpeed's
-    save under ZeRO), with Seraena on.
+def test_production_and_ddp_files_train_with_two_cpu_processes(accelerate_file, zero, schedule, tmp_path, synthetic_clips):
+    """The real ZeRO stage and precision (bf16) of each production file, plain DDP in fp32 and in
+    bf16 autocast, under accelerate launch, with ranks that disagree: rank 1 alone runs out of
+    memory (micro-step 2), gets a NaN loss (micro-step 4) and fails to write the checkpoint of
+    step 2 (its own file, after the save's gathers, under ZeRO), with every loss term on and a
+    recipe's schedule crossed (above), inside the step probe (tests/step_probe.py).
     Every fault costs one skipped step or checkpoint on both ranks; the run finishes with student
-    and discriminator identical on both ranks; then resume. DDP accumulates 2 micro-steps per step
-    (under no_sync, reduced at the window's end): identical ranks show the window's all-reduce.
-    The DDP run is also the launcher's plain CPU case: started with --resume auto and no checkpoint
+    and discriminator identical on both ranks; the checkpoint weighs what the plan says; then resume.
+    DDP accumulates 2 micro-steps per step (under no_sync, reduced at the window's end): identical
+    ranks show the window's all-reduce.
+    The DDP fp32 run is also the launcher's plain CPU case: started with --resume auto and no checkpoint
     (a fresh start) where no C++ compiler exists (the CPU default builds nothing), it writes the
     config its dry run printed; restarted the same way, it continues from the checkpoint and traces
     its steps (--profile)."""
+    from training.config.load import load_config
+    from training.plan.memory import checkpoint_cost
+
     run_dir = tmp_path / "run"
+    fp32_ddp = accelerate_file == "ddp_cpu.yaml"
     accumulation = 2 if zero == 0 else 1
-    common = [LAUNCHER, "2", "test", "--output-dir", str(run_dir), "--set", f"data_root={synthetic_clips}",
-              "--set", f"accelerate_config={accelerate_file}", "--set", "seraena_weight=0.1", "--set", "n_frames=8", "--set", "batch_size_per_gpu=2",
-              "--set", f"gradient_accumulation_steps={accumulation}"]
-    # the checkpoint write fails where a full disk would: inside DeepSpeed's own save (the other rank
-    # waits in its closing barrier), or under DDP as this rank's first file
-    checkpoint_fault = "TAEHV_FAULT_CHECKPOINT_FAIL_STEPS" if zero == 0 else "TAEHV_FAULT_ENGINE_SAVE_FAIL_STEPS"
+    backbone, heads = save_random_lpips_weights(tmp_path / "lpips")
+    sets = [f"data_root={synthetic_clips}", f"accelerate_config={accelerate_file}", "seraena_weight=0.1", "n_frames=8",
+            "batch_size_per_gpu=2", f"gradient_accumulation_steps={accumulation}", f"lpips_backbone_path={backbone}",
+            f"lpips_weights_path={heads}", *LATE_LOCAL_TERMS, *schedule]
+    common = [LAUNCHER, "2", "test", "--output-dir", str(run_dir), *(arg for item in sets for arg in ("--set", item))]
+    # the checkpoint write fails where a full disk would: in rank 1's own file of the checkpoint, after
+    # every gather of the save (ZeRO), or under DDP in its write probe
+    checkpoint_fault = "TAEHV_FAULT_CHECKPOINT_FAIL_STEPS" if zero == 0 else "TAEHV_FAULT_STATE_SAVE_FAIL_STEPS"
     faults = {"TAEHV_FAULT_RANK": "1", "TAEHV_FAULT_OOM_MICRO_STEPS": "2", "TAEHV_FAULT_NONFINITE_MICRO_STEPS": "4",
-              checkpoint_fault: "2"}
+              checkpoint_fault: "2", "PYTHONPATH": str(REPO_ROOT / "tests" / "probe_site"),
+              "TAEHV_STEP_PROBE": str(tmp_path / "probe_first")}
+    (tmp_path / "probe_first").mkdir()
     where = "on rank 1"
     # the ZeRO-2 bf16 run exports without EMA: what it writes must be DeepSpeed's fp32 masters; and it
     # is a decoder-only fine-tune (docs/training.md#recipes): the frozen encoder leaves bit-equal
@@ -361,14 +398,18 @@ def test_production_and_ddp_files_train_with_two_cpu_processes(accelerate_file, 
     start.parent.mkdir()
     torch.manual_seed(3)
     torch.save(TAEHV("taehv").state_dict(), start)
-    recipe = ["--set", "ema_decay=0", "--set", f"pretrained_model_path={start}", "--set", "train_encoder=false"]
-    if zero == 0:
+    recipe = ["ema_decay=0", f"pretrained_model_path={start}", "train_encoder=false"] if zero == 2 else []
+    if fp32_ddp:
         dry = run([*common, "--max-steps", "4", "--resume", "auto", "--dry-run"])
         assert dry.returncode == 0, dry.stderr
         faults.update(NO_COMPILER, TORCH_EXTENSIONS_DIR=str(tmp_path / "extensions"))
-    first = run([*common, *(recipe if zero == 2 else []), "--max-steps", "4", *(["--resume", "auto"] if zero == 0 else [])], faults)
+    first = run([*common, *(arg for item in recipe for arg in ("--set", item)), "--max-steps", "4",
+                 *(["--resume", "auto"] if fp32_ddp else [])], faults)
     assert first.returncode == 0, first.stderr[-3000:]
-    if zero == 0:
+    reports = probe_reports(tmp_path / "probe_first", first.stderr)
+    assert all(len(r["adaptive"]) > 0 for r in reports) == ("adaptive_adversarial=true" in schedule), reports
+    assert "terms that start later ran once at their shapes (cuDNN tunes them now, not mid-run): perceptual, temporal, seraena" in first.stdout
+    if fp32_ddp:
         assert json.loads((run_dir / "resolved_config.json").read_text()) == resolved_from_dry_run(dry.stdout)
         assert "resumed" not in first.stdout
     if zero == 2:
@@ -394,14 +435,25 @@ def test_production_and_ddp_files_train_with_two_cpu_processes(accelerate_file, 
     assert len(prints) == 2 and prints["0"] == prints["1"], prints  # both ranks hold the same weights
     discriminator = dict(re.findall(r"rank (\d) of 2: seraena fingerprint ([0-9a-f]{16})", first.stdout + first.stderr))
     assert len(discriminator) == 2 and discriminator["0"] == discriminator["1"], discriminator
+    checkpoint = run_dir / "checkpoints" / "checkpoint-4"
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["checkpoint-4"]
-    if zero == 2:  # resume is the soak's and test_elastic's subject; here from a checkpoint of the older layout
+    # each tensor once: what the dry run's checkpoint line counts is what is written (the DDP files and
+    # the DeepSpeed shards that accelerate's save_state would add are not there)
+    written = sum(path.stat().st_size for path in checkpoint.iterdir())
+    planned = checkpoint_cost(load_config("test", [*sets, *recipe], 2, check_paths=False)).total_bytes
+    assert written == pytest.approx(planned, rel=0.05), (written, planned)
+    assert not any((checkpoint / name).exists() for name in ("model.safetensors", "optimizer.bin", "pytorch_model"))
+    if not fp32_ddp and zero != 3:  # resume is also the soak's and test_elastic's subject
         return
-    to_legacy_layout(run_dir / "checkpoints" / "checkpoint-4")
-    resumed = run([*common, "--max-steps", "6", *(["--resume", "auto", "--profile"] if zero == 0 else ["--resume", "latest"])])
+    # here from a checkpoint of the older layout, past every start
+    to_legacy_layout(checkpoint)
+    (tmp_path / "probe_resumed").mkdir()
+    resumed = run([*common, "--max-steps", "6", *(["--resume", "auto", "--profile"] if fp32_ddp else ["--resume", "latest"])],
+                  {"PYTHONPATH": str(REPO_ROOT / "tests" / "probe_site"), "TAEHV_STEP_PROBE": str(tmp_path / "probe_resumed")})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "at step 4" in resumed.stdout and "Step 6/6" in resumed.stdout
-    if zero == 0:
+    probe_reports(tmp_path / "probe_resumed", resumed.stderr)
+    if fp32_ddp:
         assert json.loads((run_dir / "profile" / "trace_rank0.json").read_text())["traceEvents"]
     assert [p.name for p in sorted((run_dir / "checkpoints").iterdir())] == ["checkpoint-4", "checkpoint-6"]
     model = TAEHV.from_pretrained(run_dir / "final" / "taehv.pth", variant="taehv")
