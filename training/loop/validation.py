@@ -277,8 +277,9 @@ def record_validation(run: TrainingRun, metrics: dict) -> bool:
         return False
     value = metrics.get(config.best_metric)
     lower_is_better = config.best_metric.removeprefix("decode_") in LOWER_IS_BETTER
-    improved = value is not None and (progress.best_value is None or
-                                      (value < progress.best_value if lower_is_better else value > progress.best_value))
+    # a NaN best (recorded before a validation that scored nothing gave no metric) is no best: never beaten
+    no_best = progress.best_value is None or progress.best_value != progress.best_value
+    improved = value is not None and (no_best or (value < progress.best_value if lower_is_better else value > progress.best_value))
     if improved:
         previous = progress.best_value, progress.best_step
         progress.best_value, progress.best_step, progress.validations_without_improvement = value, step, 0
