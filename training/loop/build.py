@@ -56,6 +56,10 @@ def build_accelerator(config: TrainConfig, run_dir: Path):
         # the loader is ours (see build_train_loader), so DeepSpeed learns the micro-batch here
         deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = config.batch_size_per_gpu
         deepspeed_plugin.deepspeed_config.update(deepspeed_data_types(config))
+        # DeepSpeed's throughput timer synchronizes the device at the start and end of every micro-step
+        # (utils/timer.py, synchronized by default): two full stalls of the host per step for a figure
+        # the loop measures itself (steps/sec in its log line)
+        deepspeed_plugin.deepspeed_config["timers"] = {"throughput": {"enabled": False}}
         zero = deepspeed_plugin.deepspeed_config.setdefault("zero_optimization", {})
         zero.update(deepspeed_zero_settings(config, student_parameter_count(config)))
     return accelerator
