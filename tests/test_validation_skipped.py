@@ -72,7 +72,9 @@ def validate_on_two_ranks(rank: int, port: int, folder: str) -> None:
         run.log.line(validation.validation_line(step, metrics))
         stop = validation.record_validation(run, metrics)
         progress = run.progress
-        report.append({"step": step, "metrics": metrics, "stop": stop, "best_model": best_model_files(folder),
+        # rank 0 writes best_model/: only it reads the folder (rank 1 could read it mid-write)
+        files = best_model_files(folder) if accelerator.is_main_process else None
+        report.append({"step": step, "metrics": metrics, "stop": stop, "best_model": files,
                        "record": [progress.best_value, progress.best_step, progress.validations_without_improvement]})
     (folder / f"report{rank}.json").write_text(json.dumps(report))
 
