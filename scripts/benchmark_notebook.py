@@ -21,7 +21,6 @@ grad scaler do nothing on a CPU)."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -30,19 +29,9 @@ import torch
 import torch.nn.functional as F
 
 from scripts.benchmark import PhaseTimer, profile_step
+from scripts.notebook_recipe import BATCH, FRAMES, GROUP, OUR_FRAMES, SIZE, import_file
 from scripts.results import emit_result
 from training.base.fast_exit import exit_now
-
-BATCH, FRAMES, SIZE, GROUP = 16, 12, 64, 3  # the notebook's batch, frames, crop and Seraena frame group
-OUR_FRAMES = 9  # Wan's 4k+1 frames with the notebook's 3 latent frames (the module docstring)
-
-
-def import_file(path: Path):
-    spec = importlib.util.spec_from_file_location(f"upstream_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def notebook_step(taehv_dir: Path, seraena_dir: Path, device: torch.device):
     """The notebook's Trainer.train_step on random frames and latents, as upstream's code runs it."""
@@ -96,11 +85,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="timed steps of each, alternating")
     parser.add_argument("--set", action="append", default=[], help="a config override for our step (KEY=VALUE)")
     parser.add_argument("--json", type=Path, help="also write the result here")
+    parser.add_argument("--host", action="store_true", help="count what each step costs the host (kernel-launching ops, "
+                        "views, syncs, host ms at a 16x16 crop) on this CPU, for both sides: scripts/host_cost.py")
     args = parser.parse_args(argv)
     for path in (args.taehv_dir / "taehv.py", args.seraena_dir / "seraena.py"):
         if not path.is_file():
             raise SystemExit(f"{path} not found: point --taehv-dir / --seraena-dir at checkouts of madebyollin/taehv and "
                              "madebyollin/seraena (or set TAEHV_UPSTREAM_DIR / SERAENA_UPSTREAM_DIR)")
+    command = " ".join([sys.executable, "-m", "scripts.benchmark_notebook", *(argv if argv is not None else sys.argv[1:])])
+    if args.host:
+        from scripts.host_cost import main as host_cost
+
+        emit_result({"command": command, "host": host_cost(args.taehv_dir, args.seraena_dir)}, args.json)
+        return 0
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     steps = {"notebook": notebook_step(args.taehv_dir, args.seraena_dir, device)}
     steps["ours"], config = our_step(device, args.set)
@@ -111,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     medians = timer.medians(2)
     times = {name: values[2:] for name, values in timer.times.items()}
     result = {
-        "command": " ".join([sys.executable, "-m", "scripts.benchmark_notebook", *(argv if argv is not None else sys.argv[1:])]),
+        "command": command,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads",
         "shape": {"batch": BATCH, "frames": FRAMES, "height": SIZE, "width": SIZE, "variant": config.model_variant,
                   "precision": config.mixed_precision},

@@ -1,0 +1,339 @@
+"""What a training step costs the host, counted on a CPU: how to steer a GPU step's speed without a GPU.
+
+    python -m scripts.benchmark_notebook --host [--json F]
+
+At small shapes a GPU step is bound by the host: every op that launches a kernel, every read of a
+device value (a sync: the host waits for every kernel queued before it) and every per-parameter
+Python loop is paid each step. Here a dispatch mode (HostCounter) counts them per step and by part
+for both sides at the published notebook's recipe (batch 16, its frames), the whole step as a GPU
+runs it: the reference VAE's encode on the fly and the weight average every step included.
+
+- **kernel ops**: aten ops that launch a kernel on a GPU: every op but views (`func.is_view`:
+  view, reshape's view, transpose, slice, expand, ...) and the ops that only allocate or read
+  metadata (NO_KERNEL). Elementwise ops that a GPU fuses nowhere count one each, as eager runs them.
+- **views**: the view ops, each a host-side call with no kernel.
+- **syncs**: reads of a device value on the host: `_local_scalar_dense` (`.item()`, `bool()`,
+  `float()` of a tensor), `.tolist()`, `.cpu()`, `.numpy()`, and device synchronizes (torch's and
+  DeepSpeed's accelerator's). Blocking host-to-device copies cannot be told apart on a CPU (every
+  tensor is on it): not counted.
+- **host ms**: the step's wall time at a 16x16 crop, where the convolutions' arithmetic is small
+  and the time is mostly the host's (Python, dispatch, the ops' fixed costs).
+
+The notebook's step is madebyollin/seraena's TAEHV_Training_Example.ipynb's Trainer.train_step
+rebuilt from upstream's own taehv.py and seraena.py (scripts/benchmark_notebook.py: checkouts of
+madebyollin/taehv and madebyollin/seraena): the student in fp32 under autocast (the notebook's
+fp16 on CUDA; bf16 here, the same ops), its GradScaler, AdamW in its CUDA default (foreach), the
+reference VAE (diffusers' AutoencoderKLWan, random weights) in bf16 and its AveragedModel updated
+each step (the notebook averages every 2 s; the issue's count takes every step). Ours is the
+trainer itself: training/loop/train.py's main, launched by accelerate with the profile's
+accelerate file (1gpu_h100: DeepSpeed ZeRO-2 bf16, one process), fused AdamW as on CUDA, the
+seraena-notebook recipe at the notebook's shape, the same Wan VAE on the fly; counted inside
+train_step and the EMA's step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file by accelerate launch (the worker): make the repo importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+aten = torch.ops.aten
+
+# ops that allocate or read metadata: no kernel on a GPU
+NO_KERNEL = {aten.empty, aten.empty_strided, aten.new_empty, aten.new_empty_strided, aten.empty_like, aten.detach,
+             aten.lift_fresh, aten.set_, aten.resize_, aten._local_scalar_dense, aten.is_same_size, aten.sym_size,
+             aten.sym_stride, aten.sym_numel, aten.sym_storage_offset, aten.is_nonzero, aten._has_compatible_shallow_copy_type}
+HOST_READS = ("tolist", "cpu", "numpy")
+WARMUP_STEPS = 2  # lazy initialisation, the first micro-step's warm-up of late terms, allocator growth
+COUNTED_STEPS = 3
+SHAPE = {"batch": 16, "height": 16, "width": 16}  # the notebook's batch; a crop where the host's time dominates
+
+
+class HostCounter(TorchDispatchMode):
+    """Counts, while `counting`, the kernel ops, views and syncs of the ops dispatched under it, by part
+    (`with counter.part(name)`); host reads and device synchronizes are counted through `patch_reads`."""
+
+    def __init__(self):
+        super().__init__()
+        self.parts = ["other"]
+        self.counting = False
+        self.kernels, self.views, self.syncs = Counter(), Counter(), Counter()
+
+    @contextlib.contextmanager
+    def part(self, name: str):
+        self.parts.append(name)
+        try:
+            yield
+        finally:
+            self.parts.pop()
+
+    def sync(self, what: str) -> None:
+        if self.counting:
+            self.syncs[f"{self.parts[-1]}: {what}"] += 1
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.counting:
+            packet = func.overloadpacket
+            if packet is aten._local_scalar_dense:
+                self.sync("_local_scalar_dense")
+            elif func.is_view:
+                self.views[self.parts[-1]] += 1
+            elif packet not in NO_KERNEL:
+                self.kernels[self.parts[-1]] += 1
+        return func(*args, **(kwargs or {}))
+
+    def patch_reads(self) -> None:
+        """Host reads (.tolist, .cpu, .numpy) and device synchronizes count as syncs."""
+        for name in HOST_READS:
+            original = getattr(torch.Tensor, name)
+            setattr(torch.Tensor, name, self._counted(original, f".{name}()"))
+        torch.cuda.synchronize = self._counted(torch.cuda.synchronize, "device synchronize")
+        try:
+            from deepspeed.accelerator import get_accelerator
+        except ImportError:
+            return
+        accelerator = type(get_accelerator())
+        accelerator.synchronize = self._counted(accelerator.synchronize, "device synchronize (DeepSpeed)")
+
+    def _counted(self, original, what: str):
+        def counted(*args, **kwargs):
+            self.sync(what)
+            return original(*args, **kwargs)
+
+        return counted
+
+    def wrap(self, owner, name: str, part: str) -> None:
+        """owner.name runs as `part`."""
+        original = getattr(owner, name)
+
+        def in_part(*args, **kwargs):
+            with self.part(part):
+                return original(*args, **kwargs)
+
+        setattr(owner, name, in_part)
+
+    def per_step(self, steps: int, micro_steps_per_step: int, seconds: list[float]) -> dict:
+        seconds = sorted(seconds)
+        return {
+            "kernel_ops_per_step": sum(self.kernels.values()) / steps,
+            "kernel_ops_per_micro_step": sum(self.kernels.values()) / steps / micro_steps_per_step,
+            "view_ops_per_step": sum(self.views.values()) / steps,
+            "syncs_per_step": sum(self.syncs.values()) / steps,
+            "host_ms_per_step": 1000 * seconds[len(seconds) // 2],
+            "kernel_ops_by_part": {part: count / steps for part, count in self.kernels.most_common()},
+            "view_ops_by_part": {part: count / steps for part, count in self.views.most_common()},
+            "syncs_by_where": {where: count / steps for where, count in self.syncs.most_common()},
+        }
+
+
+def wan_vae_folder(cache: Path) -> Path:
+    """A full-size Wan 2.1 VAE (diffusers' AutoencoderKLWan() architecture, random weights, bf16),
+    saved once: both sides encode with the same architecture."""
+    folder = cache / "wan2.1-random" / "vae"
+    if not (folder / "config.json").is_file():
+        from diffusers import AutoencoderKLWan
+
+        torch.manual_seed(0)
+        AutoencoderKLWan().to(torch.bfloat16).save_pretrained(str(folder))
+    return folder.parent
+
+
+def notebook_host_cost(taehv_dir: Path, seraena_dir: Path, vae_folder: Path) -> dict:
+    """The notebook's train_step (upstream's code, the module docstring) counted on this CPU."""
+    import torch.nn.functional as F
+    from diffusers import AutoencoderKLWan
+
+    from scripts.notebook_recipe import FRAMES, GROUP, import_file
+
+    TAEHV = import_file(taehv_dir / "taehv.py").TAEHV
+    Seraena = import_file(seraena_dir / "seraena.py").Seraena
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan.from_pretrained(str(vae_folder / "vae"), torch_dtype=torch.bfloat16).eval().requires_grad_(False)
+    model = TAEHV(checkpoint_path=None).train()
+    average = torch.optim.swa_utils.AveragedModel(model, avg_fn=lambda w_prev, w_new, n: min(0.95, n / 10) * w_prev
+                                                  + (1 - min(0.95, n / 10)) * w_new)
+    seraena = Seraena(3 * GROUP, model.latent_channels)
+    optimizer = torch.optim.AdamW(model.parameters(), 3e-4, betas=(0.9, 0.95), foreach=True)  # CUDA's default
+    scaler = torch.amp.GradScaler("cpu")
+    trim = model.frames_to_trim
+    clips = (torch.rand(SHAPE["batch"], FRAMES, 3, SHAPE["height"], SHAPE["width"]) * 255).to(torch.uint8)
+    counter = HostCounter()
+
+    def encode_reference(ims):  # the notebook's RefVAE.encode_video
+        x = ims.transpose(1, 2)
+        y = vae.encode(x.to(torch.bfloat16).mul(2).sub_(1)).latent_dist.sample()
+        return y.transpose(1, 2).to(x.dtype)
+
+    def group(x):  # pad_and_group
+        x = torch.cat([x, x[:, :trim]], 1)
+        n, t, c, h, w = x.shape
+        return x.reshape(n * t // GROUP, GROUP * c, h, w)
+
+    def step():
+        with counter.part("reference_encode"), torch.no_grad():
+            ims = clips.float().div_(255.0)
+            latent = encode_reference(ims).float()
+        with counter.part("student_forward"), torch.autocast("cpu", torch.bfloat16):
+            encoded = model.encode_video(ims, parallel=True, show_progress_bar=False)
+        with counter.part("losses"), torch.autocast("cpu", torch.bfloat16):
+            losses = [F.mse_loss(encoded, latent)]
+        target_frames = ims[:, :-trim]
+        decoder_grad = torch.zeros_like(target_frames).requires_grad_(True)
+        with counter.part("student_forward"), torch.autocast("cpu", torch.bfloat16):
+            decoded = model.decode_video(latent, parallel=True, show_progress_bar=False) + decoder_grad
+        with counter.part("seraena"):
+            context = latent.mean(1, keepdim=True).repeat_interleave(FRAMES // GROUP, dim=1).flatten(0, 1)
+            target, _ = seraena.step_and_make_correction_targets(group(target_frames), group(decoded), context)
+            target = target.reshape(-1, FRAMES, 3, *target.shape[-2:])[:, :-trim].reshape(decoded.shape)
+        with counter.part("losses"), torch.autocast("cpu", torch.bfloat16):
+            losses += [F.mse_loss(decoded, target_frames), F.mse_loss(decoded, target)]
+        with counter.part("optimizer"):
+            optimizer.zero_grad()
+        with counter.part("backward"):
+            scaler.scale(sum(losses)).backward()
+        with counter.part("optimizer"):
+            scaler.step(optimizer)
+            scaler.update()
+        with counter.part("ema"):
+            average.update_parameters(model)
+
+    counter.patch_reads()
+    seconds = []
+    with counter:
+        for index in range(WARMUP_STEPS + COUNTED_STEPS):
+            counter.counting = index >= WARMUP_STEPS
+            start = time.perf_counter()
+            step()
+            if counter.counting:
+                seconds.append(time.perf_counter() - start)
+    return counter.per_step(COUNTED_STEPS, 1, seconds)
+
+
+def our_config_sets(vae_folder: Path, clips: Path) -> list[str]:
+    """The seraena-notebook recipe at the notebook's shape (scripts/benchmark_notebook.py our_step),
+    through the 1gpu_h100 profile: its engine, precision and optimizer."""
+    from scripts.notebook_recipe import OUR_FRAMES
+
+    return ["recipe=seraena-notebook", "use_ref_vae=true", "ref_vae_family=wan", "ref_vae_latent_space=raw",
+            f"ref_vae_path={vae_folder}", "model_variant=taew2_1", "pretrained_model_path=", "reconstruction_weight=0",
+            "perceptual_weight=0", "temporal_weight=0", f"batch_size_per_gpu={SHAPE['batch']}", f"n_frames={OUR_FRAMES}",
+            f"height={SHAPE['height']}", f"width={SHAPE['width']}", "gradient_accumulation_steps=1", "global_batch_size=0",
+            f"data_root={clips}", "num_workers=0", "validation_steps=1000", "checkpointing_steps=1000", "log_every=1000",
+            f"max_steps={WARMUP_STEPS + COUNTED_STEPS}"]
+
+
+def our_host_cost(profile: str, vae_folder: Path, work: Path) -> dict:
+    """Ours: the trainer launched by accelerate with the profile's accelerate file, one process, this
+    module as the script (worker below), which counts inside the trainer's own step."""
+    from training.config.load import load_config
+    from training.data.synthetic_clips import make_sample_videos
+
+    clips = work / "clips"
+    if not clips.is_dir():
+        make_sample_videos(clips, count=4, n_frames=24)
+    sets = our_config_sets(vae_folder, clips)
+    config = load_config(profile, sets, 1, check_paths=False)
+    repo = Path(__file__).resolve().parents[1]
+    report = work / "ours.json"
+    report.unlink(missing_ok=True)
+    command = [sys.executable, str(repo / "training" / "base" / "launch.py"), "--config_file",
+               str(repo / "accelerate_configs" / config.accelerate_config), "--num_processes", "1", "--num_machines", "1",
+               "--machine_rank", "0", "--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port()),
+               str(Path(__file__).resolve()), "--worker", str(report), "--config", profile, "--output-dir", str(work / "run"),
+               *(arg for item in sets for arg in ("--set", item))]
+    done = subprocess.run(command, cwd=repo, capture_output=True, text=True)
+    if done.returncode != 0 or not report.is_file():
+        raise RuntimeError(f"our step's count failed (exit {done.returncode}): {(done.stdout + done.stderr)[-3000:]}")
+    return {**json.loads(report.read_text()), "engine": f"{config.accelerate_config} (ZeRO {config.zero_stage}, "
+                                                         f"{config.mixed_precision})"}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def worker(report: Path, argv: list[str]) -> int:
+    """Inside accelerate launch: the trainer's main with the counter around each train_step and EMA step."""
+    import training.loop.step as step_module
+    import training.loop.train as loop
+    from models.reference_vae import ReferenceVAE
+    from training.step.ema import PartitionedEMA, WeightEMA
+    from training.step.losses import Student
+
+    counter = HostCounter()
+    counter.patch_reads()
+    counter.wrap(ReferenceVAE, "encode", "reference_encode")
+    counter.wrap(Student, "forward", "student_forward")
+    counter.wrap(step_module, "forward_losses", "losses")  # the loss terms around the forward (its own part)
+    counter.wrap(step_module, "add_seraena_term", "seraena")
+    counter.wrap(step_module, "agree", "agreement")
+    for ema in (WeightEMA, PartitionedEMA):
+        counter.wrap(ema, "step", "ema")
+    steps, seconds = [], []
+    train_step, build_optimizer = loop.train_step, loop.build_optimizer
+
+    def fused_like_cuda(config, model):  # the trainer's AdamW is fused where CUDA is (training/step/optimizer.py)
+        optimizer, scheduler = build_optimizer(config, model)
+        for group in optimizer.param_groups:
+            group["fused"], group["foreach"] = True, False
+        optimizer.defaults["fused"] = True
+        return optimizer, scheduler
+
+    def counted_step(run, batch):
+        if not steps:  # the accelerator's backward and the optimizer's step, once built
+            counter.wrap(run.accelerator, "backward", "backward")
+            counter.wrap(run.optimizer, "step", "optimizer")
+            counter.wrap(run.optimizer, "zero_grad", "optimizer")
+        counter.counting = len(steps) >= WARMUP_STEPS
+        start = time.perf_counter()
+        with counter:
+            result = train_step(run, batch)
+        steps.append(run.accelerator.gradient_accumulation_steps)
+        if counter.counting:
+            seconds.append(time.perf_counter() - start)
+        return result
+
+    loop.train_step, loop.build_optimizer = counted_step, fused_like_cuda
+    for ema in (WeightEMA, PartitionedEMA):  # the EMA's step follows train_step, still counted
+        original = ema.step
+
+        def counted_ema(self, *args, original=original, **kwargs):
+            with counter:
+                return original(self, *args, **kwargs)
+
+        ema.step = counted_ema
+    code = loop.main(argv)
+    counted = len(seconds)
+    if code == 0:
+        report.write_text(json.dumps(counter.per_step(counted, steps[-1], seconds)))
+    return code
+
+
+def main(taehv_dir: Path, seraena_dir: Path, profile: str = "1gpu_h100", work: Path | None = None) -> dict:
+    work = work or Path(os.environ.get("TMPDIR", "/tmp")) / "taehv_host_cost"
+    work.mkdir(parents=True, exist_ok=True)
+    vae_folder = wan_vae_folder(work)
+    return {"ours": our_host_cost(profile, vae_folder, work), "notebook": notebook_host_cost(taehv_dir, seraena_dir, vae_folder)}
+
+
+if __name__ == "__main__":
+    from training.base.fast_exit import exit_now
+
+    if len(sys.argv) > 2 and sys.argv[1] == "--worker":
+        exit_now(worker(Path(sys.argv[2]), sys.argv[3:]))
+    raise SystemExit("run through python -m scripts.benchmark_notebook --host")
