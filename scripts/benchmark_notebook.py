@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.host:
         from scripts.host_cost import main as host_cost
 
-        emit_result({"command": command, "host": host_cost(args.taehv_dir, args.seraena_dir)}, args.json)
+        emit_result({"command": command, "host": host_cost(args.taehv_dir, args.seraena_dir, args.set)}, args.json)
         return 0
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     steps = {"notebook": notebook_step(args.taehv_dir, args.seraena_dir, device)}

@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -69,6 +70,12 @@ class HostCounter(TorchDispatchMode):
         self.parts = ["other"]
         self.counting = False
         self.kernels, self.views, self.syncs = Counter(), Counter(), Counter()
+        self.op_seconds = 0.0  # inside the ops themselves (their arithmetic, on this CPU): not the host's
+        self.host_seconds = Counter()  # by part: the time between one op's end and the next op's start
+        self.last_op_end = 0.0
+
+    def start_step(self) -> None:
+        self.last_op_end = time.perf_counter()
 
     @contextlib.contextmanager
     def part(self, name: str):
@@ -79,19 +86,26 @@ class HostCounter(TorchDispatchMode):
             self.parts.pop()
 
     def sync(self, what: str) -> None:
-        if self.counting:
-            self.syncs[f"{self.parts[-1]}: {what}"] += 1
+        if self.counting and not from_host_state():
+            self.syncs[f"{self.parts[-1]}: {what} at {caller()}"] += 1
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if self.counting:
-            packet = func.overloadpacket
-            if packet is aten._local_scalar_dense:
-                self.sync("_local_scalar_dense")
-            elif func.is_view:
-                self.views[self.parts[-1]] += 1
-            elif packet not in NO_KERNEL:
-                self.kernels[self.parts[-1]] += 1
-        return func(*args, **(kwargs or {}))
+        if not self.counting:
+            return func(*args, **(kwargs or {}))
+        packet = func.overloadpacket
+        if packet is aten._local_scalar_dense:
+            self.sync("_local_scalar_dense")
+        elif func.is_view:
+            self.views[self.parts[-1]] += 1
+        elif packet not in NO_KERNEL:
+            self.kernels[self.parts[-1]] += 1
+        start = time.perf_counter()
+        self.host_seconds[self.parts[-1]] += start - self.last_op_end  # the host's work since the last op
+        try:
+            return func(*args, **(kwargs or {}))
+        finally:
+            self.last_op_end = time.perf_counter()
+            self.op_seconds += self.last_op_end - start
 
     def patch_reads(self) -> None:
         """Host reads (.tolist, .cpu, .numpy) and device synchronizes count as syncs."""
@@ -124,17 +138,44 @@ class HostCounter(TorchDispatchMode):
         setattr(owner, name, in_part)
 
     def per_step(self, steps: int, micro_steps_per_step: int, seconds: list[float]) -> dict:
-        seconds = sorted(seconds)
+        wall = sum(seconds)
         return {
             "kernel_ops_per_step": sum(self.kernels.values()) / steps,
             "kernel_ops_per_micro_step": sum(self.kernels.values()) / steps / micro_steps_per_step,
             "view_ops_per_step": sum(self.views.values()) / steps,
             "syncs_per_step": sum(self.syncs.values()) / steps,
-            "host_ms_per_step": 1000 * seconds[len(seconds) // 2],
+            "host_ms_per_step": 1000 * (wall - self.op_seconds) / steps,
+            "wall_ms_per_step_on_this_cpu": 1000 * wall / steps,
             "kernel_ops_by_part": {part: count / steps for part, count in self.kernels.most_common()},
+            "host_ms_by_part": {part: 1000 * value / steps for part, value in self.host_seconds.most_common()},
             "view_ops_by_part": {part: count / steps for part, count in self.views.most_common()},
             "syncs_by_where": {where: count / steps for where, count in self.syncs.most_common()},
         }
+
+
+COUNTER_FRAMES = {"sync", "__torch_dispatch__", "counted", "caller", "in_part"}
+
+
+def caller() -> str:
+    """file:line of the first frame outside torch, DeepSpeed, accelerate and the counter: who read the value."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if frame.f_code.co_name not in COUNTER_FRAMES and not any(part in path for part in ("/torch/", "/deepspeed/", "/accelerate/")):
+            return f"{Path(path).name}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "?"
+
+
+def from_host_state() -> bool:
+    """A read of a value that lives on the host on a GPU too: torch.optim's step counters (kept on the
+    CPU unless fused or capturable), as tests/training_probe.py also excludes."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "_get_value" and Path(frame.f_code.co_filename).parent.name == "optim":
+            return True
+        frame = frame.f_back
+    return False
 
 
 def wan_vae_folder(cache: Path) -> Path:
@@ -214,9 +255,11 @@ def notebook_host_cost(taehv_dir: Path, seraena_dir: Path, vae_folder: Path) -> 
         for index in range(WARMUP_STEPS + COUNTED_STEPS):
             counter.counting = index >= WARMUP_STEPS
             start = time.perf_counter()
+            counter.start_step()
             step()
             if counter.counting:
                 seconds.append(time.perf_counter() - start)
+            counter.counting = False
     return counter.per_step(COUNTED_STEPS, 1, seconds)
 
 
@@ -233,20 +276,20 @@ def our_config_sets(vae_folder: Path, clips: Path) -> list[str]:
             f"max_steps={WARMUP_STEPS + COUNTED_STEPS}"]
 
 
-def our_host_cost(profile: str, vae_folder: Path, work: Path) -> dict:
+def our_host_cost(profile: str, vae_folder: Path, work: Path, extra_sets: list[str]) -> dict:
     """Ours: the trainer launched by accelerate with the profile's accelerate file, one process, this
     module as the script (worker below), which counts inside the trainer's own step."""
     from training.config.load import load_config
     from training.data.synthetic_clips import make_sample_videos
 
     clips = work / "clips"
-    if not clips.is_dir():
-        make_sample_videos(clips, count=4, n_frames=24)
-    sets = our_config_sets(vae_folder, clips)
+    make_sample_videos(clips, count=SHAPE["batch"] + 8, n_frames=24)  # a batch of training clips beside the held-out ones
+    sets = [*our_config_sets(vae_folder, clips), *extra_sets]
     config = load_config(profile, sets, 1, check_paths=False)
     repo = Path(__file__).resolve().parents[1]
     report = work / "ours.json"
     report.unlink(missing_ok=True)
+    shutil.rmtree(work / "run", ignore_errors=True)  # a fresh run each time
     command = [sys.executable, str(repo / "training" / "base" / "launch.py"), "--config_file",
                str(repo / "accelerate_configs" / config.accelerate_config), "--num_processes", "1", "--num_machines", "1",
                "--machine_rank", "0", "--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port()),
@@ -284,7 +327,7 @@ def worker(report: Path, argv: list[str]) -> int:
     counter.wrap(step_module, "agree", "agreement")
     for ema in (WeightEMA, PartitionedEMA):
         counter.wrap(ema, "step", "ema")
-    steps, seconds = [], []
+    steps, seconds, last = [], [], [False]  # last: whether the latest train_step was counted
     train_step, build_optimizer = loop.train_step, loop.build_optimizer
 
     def fused_like_cuda(config, model):  # the trainer's AdamW is fused where CUDA is (training/step/optimizer.py)
@@ -299,13 +342,17 @@ def worker(report: Path, argv: list[str]) -> int:
             counter.wrap(run.accelerator, "backward", "backward")
             counter.wrap(run.optimizer, "step", "optimizer")
             counter.wrap(run.optimizer, "zero_grad", "optimizer")
-        counter.counting = len(steps) >= WARMUP_STEPS
+        counted = len(steps) >= WARMUP_STEPS
+        counter.counting = counted
         start = time.perf_counter()
+        counter.start_step()
         with counter:
             result = train_step(run, batch)
         steps.append(run.accelerator.gradient_accumulation_steps)
-        if counter.counting:
+        counter.counting = False  # the loader's work between steps is not the step's
+        if counted:
             seconds.append(time.perf_counter() - start)
+        last[0] = counted
         return result
 
     loop.train_step, loop.build_optimizer = counted_step, fused_like_cuda
@@ -313,8 +360,16 @@ def worker(report: Path, argv: list[str]) -> int:
         original = ema.step
 
         def counted_ema(self, *args, original=original, **kwargs):
-            with counter:
-                return original(self, *args, **kwargs)
+            counter.counting = last[0]
+            start = time.perf_counter()
+            counter.start_step()
+            try:
+                with counter:
+                    return original(self, *args, **kwargs)
+            finally:
+                if counter.counting:
+                    seconds[-1] += time.perf_counter() - start
+                counter.counting = False
 
         ema.step = counted_ema
     code = loop.main(argv)
@@ -324,11 +379,11 @@ def worker(report: Path, argv: list[str]) -> int:
     return code
 
 
-def main(taehv_dir: Path, seraena_dir: Path, profile: str = "1gpu_h100", work: Path | None = None) -> dict:
+def main(taehv_dir: Path, seraena_dir: Path, sets: list[str], profile: str = "1gpu_h100", work: Path | None = None) -> dict:
     work = work or Path(os.environ.get("TMPDIR", "/tmp")) / "taehv_host_cost"
     work.mkdir(parents=True, exist_ok=True)
     vae_folder = wan_vae_folder(work)
-    return {"ours": our_host_cost(profile, vae_folder, work), "notebook": notebook_host_cost(taehv_dir, seraena_dir, vae_folder)}
+    return {"ours": our_host_cost(profile, vae_folder, work, sets), "notebook": notebook_host_cost(taehv_dir, seraena_dir, vae_folder)}
 
 
 if __name__ == "__main__":

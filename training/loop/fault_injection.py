@@ -18,6 +18,8 @@ The step, data, checkpoint and validation code never read these settings.
     TAEHV_FAULT_OOM_IN_AUTOGRAD=1           ... from inside autograd (a gradient hook on the
                                             student's first trained weight, the last one the
                                             backward reaches: the other gradients are written)
+    TAEHV_FAULT_NONFINITE_GRADIENT_MICRO_STEPS=3  a finite loss whose backward gives one parameter an
+                                            infinite gradient at micro-step 3 (the update is skipped)
     TAEHV_FAULT_STOP_AT_STEP=N              a real SIGTERM to this process during step N
     TAEHV_FAULT_DATA_FAILURE_MICRO_STEP=N   enough failed clip draws at micro-step N to pass
                                             max_failed_fraction
@@ -65,6 +67,7 @@ def _number(name: str, kind=int):
 @dataclass
 class FaultInjection:
     nonfinite_micro_steps: set[int] = field(default_factory=set)
+    nonfinite_gradient_micro_steps: set[int] = field(default_factory=set)
     oom_micro_steps: set[int] = field(default_factory=set)
     real_oom: bool = False
     cudnn_error_micro_steps: set[int] = field(default_factory=set)
@@ -87,6 +90,7 @@ class FaultInjection:
             return cls()
         return cls(
             nonfinite_micro_steps=_numbers("TAEHV_FAULT_NONFINITE_MICRO_STEPS"),
+            nonfinite_gradient_micro_steps=_numbers("TAEHV_FAULT_NONFINITE_GRADIENT_MICRO_STEPS"),
             oom_micro_steps=_numbers("TAEHV_FAULT_OOM_MICRO_STEPS"),
             real_oom=os.environ.get("TAEHV_FAULT_REAL_OOM", "") == "1",
             cudnn_error_micro_steps=_numbers("TAEHV_FAULT_CUDNN_ERROR_MICRO_STEPS"),
@@ -157,6 +161,13 @@ class FaultInjection:
             discriminator_conv.register_forward_pre_hook(seraena_failure)
         if self.backward_oom_micro_steps:
             self._install_backward_failure(run, student, out_of_memory)
+        if self.nonfinite_gradient_micro_steps:
+            def overflowing_gradient(grad):  # a finite loss whose bf16 backward overflows in one layer
+                if once(self.nonfinite_gradient_micro_steps, run.progress.micro_step):
+                    return grad * float("inf")
+                return grad
+
+            next(p for p in student.parameters() if p.requires_grad).register_hook(overflowing_gradient)
         if self.nonfinite_reference_clip:
             self._install_reference_overflow(run)
         self._install_save_faults(run)

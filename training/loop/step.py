@@ -165,7 +165,12 @@ def apply(run: TrainingRun, local: LocalResult, window: Window) -> tuple[dict | 
                                       backward_ran=bool(began))
         logged = losses.logged
         if accelerator.sync_gradients and accelerator.state.deepspeed_plugin is None:
-            logged["grad_norm"] = accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm).detach().float()
+            norm = accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm).detach().float()
+            logged["grad_norm"] = norm
+            # a finite loss can still give a non-finite gradient (a bf16 backward that overflows): the fused
+            # AdamW then skips its update on the device (step counts included), as DeepSpeed's overflow
+            # check does under ZeRO, without reading the norm on the host. The norm is reduced: every rank skips.
+            run.optimizer.optimizer.found_inf = (~torch.isfinite(norm)).float()
         run.optimizer.step()
         if accelerator.sync_gradients:
             run.scheduler.step()

@@ -54,6 +54,9 @@ def build_optimizer(config: TrainConfig, model):
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad],  # frozen parts: no optimizer state
         lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2), weight_decay=config.weight_decay,
-        fused=torch.cuda.is_available(),  # one kernel per step on GPU
+        # fused on every device: one kernel per step on a GPU, and its found_inf lets a non-finite gradient
+        # skip the update on the device without a host read (training/loop/step.py apply; DeepSpeed's own
+        # overflow check does this under ZeRO)
+        fused=True,
     )
     return optimizer, build_lr_scheduler(optimizer, config.lr_scheduler, config.warmup_steps, config.max_steps)
