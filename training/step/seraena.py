@@ -95,8 +95,8 @@ class SeraenaState:
         """Averages the discriminator's gradients across ranks; a non-finite average (a rank's loss
         overflowed) becomes zeros, so its weights never turn NaN (no host sync: decided on the device)."""
         all_reduce_mean(gradients)
-        for gradient in gradients:
-            gradient.copy_(torch.where(torch.isfinite(gradient), gradient, torch.zeros_like(gradient)))
+        for gradient in gradients:  # one in-place op per gradient (a where and a copy were four)
+            gradient.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
 
     def reset_if_failing(self, steps: int) -> int:
         """When the discriminator's loss was non-finite or collapsed for `steps` optimizer steps in a
