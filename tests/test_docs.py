@@ -70,3 +70,34 @@ def test_generated_parts_of_the_docs_are_current():
     result = subprocess.run([sys.executable, "-m", "scripts.generate_docs", "--check"], cwd=REPO_ROOT,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def prose_paragraphs(text: str) -> list[list[str]]:
+    """The paragraphs of plain text, outside fenced blocks, tables, headings and comments."""
+    paragraphs, current, fenced = [], [], False
+    for line in text.splitlines() + [""]:
+        if line.startswith("```"):
+            fenced = not fenced
+        plain = not fenced and line.strip() and not line.startswith(("|", "#", "```", "<!--"))
+        if plain:
+            current.append(line)
+        elif current:
+            paragraphs.append(current)
+            current = []
+    return paragraphs
+
+
+def test_the_readme_gives_the_gpu_users_command_first_and_stays_short():
+    """README.md: at most about 80 lines, `./train_taehv_h100.sh 8 h100` in its first 30, no paragraph
+    over three lines (figures go in tables); a how-to page starts with its command."""
+    lines = (REPO_ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 85, len(lines)
+    assert any("./train_taehv_h100.sh 8 h100" in line for line in lines[:30])
+    long = [paragraph[0] for paragraph in prose_paragraphs("\n".join(lines)) if len(paragraph) > 3]
+    assert not long, long
+    for page in HOW_TO_PAGES:
+        head = (REPO_ROOT / page).read_text().splitlines()[:15]
+        assert any(line.startswith("```bash") for line in head), f"{page}: no command in its first 15 lines"
+
+
+HOW_TO_PAGES = ["docs/quickstart.md"]
