@@ -26,7 +26,7 @@ fp16 on CUDA; bf16 here, the same ops), its GradScaler, AdamW in its CUDA defaul
 reference VAE (diffusers' AutoencoderKLWan, random weights) in bf16 and its AveragedModel updated
 each step (the notebook averages every 2 s; the issue's count takes every step). Ours is the
 trainer itself: training/loop/train.py's main, launched by accelerate with the profile's
-accelerate file (1gpu_h100: DeepSpeed ZeRO-2 bf16, one process), fused AdamW as on CUDA, the
+accelerate file (1gpu_h100: one process, bf16 autocast; --set accelerate_config=... for another), the
 seraena-notebook recipe at the notebook's shape, the same Wan VAE on the fly; counted inside
 train_step and the EMA's step.
 """

@@ -236,3 +236,40 @@ def test_the_notebook_benchmark_names_the_missing_upstream_file_in_one_line(tmp_
     assert completed.stderr.strip() == (f"{tmp_path / 'taehv' / 'taehv.py'} not found: point --taehv-dir / --seraena-dir at "
                                         "checkouts of madebyollin/taehv and madebyollin/seraena (or set TAEHV_UPSTREAM_DIR / "
                                         "SERAENA_UPSTREAM_DIR)")
+
+
+def test_the_host_count_tells_kernels_views_and_syncs_apart_by_part(monkeypatch):
+    """scripts/host_cost.py's counter (benchmark_notebook --host): ops that launch a kernel, views and
+    allocations that do not, reads of a device value as syncs, each in the part it ran in; nothing
+    outside the counted window; torch.optim's host-side step counters are not syncs."""
+    from deepspeed.accelerator import get_accelerator
+
+    from scripts.host_cost import HOST_READS, HostCounter
+
+    for name in HOST_READS:  # patch_reads replaces these for the process: restored after the test
+        monkeypatch.setattr(torch.Tensor, name, getattr(torch.Tensor, name))
+    monkeypatch.setattr(torch.cuda, "synchronize", torch.cuda.synchronize)
+    monkeypatch.setattr(type(get_accelerator()), "synchronize", type(get_accelerator()).synchronize)
+    counter = HostCounter()
+    counter.patch_reads()
+    weight = torch.nn.Parameter(torch.ones(4))
+    optimizer = torch.optim.AdamW([weight], foreach=False)  # reads its host step counter with .item()
+    with counter:
+        torch.ones(3) * 2  # not counted: outside the window
+        counter.counting = True
+        with counter.part("forward"):
+            x = torch.empty(4).fill_(1.0)  # empty: no kernel; fill_: one
+            y = x.view(2, 2).t()  # two views
+            total = (y * 3).sum()  # two kernels
+        with counter.part("read"):
+            value = total.item()  # a sync
+            y.tolist()  # a sync
+        with counter.part("optimizer"):
+            weight.grad = torch.ones(4)
+            optimizer.step()
+        counter.counting = False
+    assert value == 12.0
+    assert counter.kernels["forward"] == 3 and counter.views["forward"] == 2
+    assert sum(n for where, n in counter.syncs.items() if where.startswith("read: ")) == 2
+    assert not any(where.startswith("optimizer: ") for where in counter.syncs), counter.syncs
+    assert counter.kernels["optimizer"] > 0 and "other" not in counter.kernels
