@@ -100,4 +100,4 @@ def test_the_readme_gives_the_gpu_users_command_first_and_stays_short():
         assert any(line.startswith("```bash") for line in head), f"{page}: no command in its first 15 lines"
 
 
-HOW_TO_PAGES = ["docs/quickstart.md"]
+HOW_TO_PAGES = ["docs/quickstart.md", "docs/launching.md", "docs/training.md", "docs/data.md", "docs/evaluation.md"]
