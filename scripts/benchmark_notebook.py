@@ -10,7 +10,7 @@ Seraena's corrected targets (3-frame groups, the discriminator updated every ste
 rebuilt here from upstream's own taehv.py and seraena.py (the folders of checkouts of
 madebyollin/taehv and madebyollin/seraena; TAEHV_UPSTREAM_DIR and SERAENA_UPSTREAM_DIR by
 default). Ours is scripts/benchmark.py's profile_step (the trainer's step and builders) on the
-`cpu` profile with the `seraena-notebook` recipe at the same shapes, reference latents given
+`1gpu_h100` profile (bf16, as it runs on a GPU) with the `seraena-notebook` recipe at the same shapes, reference latents given
 (the round trip off: the notebook decodes the reference latents only). Ours is set to 9 frames:
 the Wan VAE's clips are 4k+1 frames, and 9 frames are the notebook's 3 latent frames, its 12
 encoded frames (the encoder pads with the last frame) and its 9 decoded frames. Both leave out data
@@ -21,7 +21,6 @@ grad scaler do nothing on a CPU)."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -29,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from scripts.benchmark import PhaseTimer, profile_step
-from scripts.notebook_recipe import BATCH, FRAMES, GROUP, OUR_FRAMES, SIZE, import_file
+from scripts.notebook_recipe import BATCH, FRAMES, GROUP, OUR_FRAMES, SIZE, import_file, upstream_files
 from scripts.results import emit_result
 from training.base.fast_exit import exit_now
 
@@ -69,9 +68,9 @@ def notebook_step(taehv_dir: Path, seraena_dir: Path, device: torch.device):
 def our_step(device: torch.device, sets: list[str]):
     from training.config.load import load_config
 
-    config = load_config("cpu", ["recipe=seraena-notebook", "use_ref_vae=true", "ref_vae_family=wan", "model_variant=taew2_1",
+    config = load_config("1gpu_h100", ["recipe=seraena-notebook", "use_ref_vae=true", "ref_vae_family=wan", "model_variant=taew2_1",
                                  "reconstruction_weight=0", f"batch_size_per_gpu={BATCH}", f"n_frames={OUR_FRAMES}",
-                                 f"height={SIZE}", f"width={SIZE}", "gradient_accumulation_steps=1", *sets],
+                                 f"height={SIZE}", f"width={SIZE}", "gradient_accumulation_steps=1", "global_batch_size=0", *sets],
                          check_paths=False)
     step, window = profile_step(config, device, cached_latents=True)
     assert window == 1
@@ -80,15 +79,17 @@ def our_step(device: torch.device, sets: list[str]):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--taehv-dir", type=Path, default=Path(os.environ.get("TAEHV_UPSTREAM_DIR", "../taehv")))
-    parser.add_argument("--seraena-dir", type=Path, default=Path(os.environ.get("SERAENA_UPSTREAM_DIR", "../seraena")))
+    parser.add_argument("--taehv-dir", type=Path, help="a checkout of madebyollin/taehv (default TAEHV_UPSTREAM_DIR, ../taehv)")
+    parser.add_argument("--seraena-dir", type=Path, help="of madebyollin/seraena (default SERAENA_UPSTREAM_DIR, ../seraena)")
     parser.add_argument("--rounds", type=int, default=5, help="timed steps of each, alternating")
     parser.add_argument("--set", action="append", default=[], help="a config override for our step (KEY=VALUE)")
     parser.add_argument("--json", type=Path, help="also write the result here")
     parser.add_argument("--host", action="store_true", help="count what each step costs the host (kernel-launching ops, "
                         "views, syncs, host ms at a 16x16 crop) on this CPU, for both sides: scripts/host_cost.py")
     args = parser.parse_args(argv)
-    for path in (args.taehv_dir / "taehv.py", args.seraena_dir / "seraena.py"):
+    files = upstream_files(args.taehv_dir, args.seraena_dir)
+    args.taehv_dir, args.seraena_dir = (path.parent for path in files)
+    for path in files:
         if not path.is_file():
             raise SystemExit(f"{path} not found: point --taehv-dir / --seraena-dir at checkouts of madebyollin/taehv and "
                              "madebyollin/seraena (or set TAEHV_UPSTREAM_DIR / SERAENA_UPSTREAM_DIR)")

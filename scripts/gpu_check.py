@@ -9,6 +9,8 @@ the compile parity took more than 230 s there, so it runs under a budget of 660 
  1. launch: the 1gpu_h100 profile through the launcher at its full shape (4 x 17 x 480x720) for 4
     optimizer steps with every loss term on, its peak memory against the plan
     (scripts/gpu_check_launch.py; offline: random weights where none are on this machine);
+ *. notebook: the published notebook's step against ours at its recipe, alternating
+    (scripts/benchmark_notebook.py; skipped, and named, without checkouts of its upstream files);
  2. the h100 profile's micro-step benchmark with latents cached, 3. with the reference VAE on the fly;
     both with --kernels: each part's time beside its floor and the top kernels, <out>/benchmark_*.md;
  4. `pytest -m gpu` but the compile parity (phase 7), the profile benchmark (phases 2-3) and the
@@ -52,6 +54,7 @@ class Phase:
     command: list[str]
     writes_json: bool = False
     row: Callable[[dict], str] | None = None  # the report's result cell, from the phase's JSON
+    missing: Callable[[], str] | None = None  # why it cannot run on this machine ('' when it can): skipped, named
 
 
 def benchmark_limit_s(steps: int) -> int:
@@ -72,6 +75,21 @@ def benchmark_row(result: dict) -> str:
         part, seconds = max(result["parts_s"].items(), key=lambda item: item[1])
         row += f"; most time: {part} {seconds * 1000:.0f} ms, top kernel {result['top_kernels'][0]['name'][:60]}"
     return row
+
+
+def notebook_row(result: dict) -> str:
+    seconds = result["seconds_per_step"]
+    return (f"notebook {seconds['notebook'] * 1000:.0f} ms, ours {seconds['ours'] * 1000:.0f} ms per step at its recipe: "
+            f"ours {result['ours_over_notebook']:.2f}x the notebook's")
+
+
+def upstream_missing() -> str:
+    """The notebook phase needs checkouts of madebyollin/taehv and madebyollin/seraena (no download here)."""
+    from scripts.notebook_recipe import upstream_files
+
+    missing = [str(path) for path in upstream_files() if not path.is_file()]
+    return (f"no {', '.join(missing)}: copy checkouts of madebyollin/taehv and madebyollin/seraena there, or set "
+            "TAEHV_UPSTREAM_DIR / SERAENA_UPSTREAM_DIR") if missing else ""
 
 
 def model_row(result: dict) -> str:
@@ -106,6 +124,10 @@ def phases(out: Path, python: str = sys.executable) -> list[Phase]:
         Phase("launch", "1gpu_h100 through the launcher, every loss term, peak memory against the plan", 135,
               [python, "-m", "scripts.gpu_check_launch", "--out", str(out / "launch_inputs"), "--json", str(out / "launch.json")],
               True, launch_row),
+        # the published notebook's step against ours at its recipe, alternating (not measured on a GPU yet: an estimate)
+        Phase("notebook", "the notebook's step and ours at its recipe (scripts/benchmark_notebook.py)", 90,
+              [python, "-m", "scripts.benchmark_notebook", "--rounds", "10", "--json", str(out / "notebook.json")], True,
+              notebook_row, upstream_missing),
         Phase("benchmark_cached", "h100 micro-step, latents cached", 50, benchmark("cached"), True, benchmark_row),
         Phase("benchmark_on_the_fly", "h100 micro-step, reference VAE on the fly", 62, benchmark("on-the-fly"), True,
               benchmark_row),
@@ -185,6 +207,11 @@ def run_phases(phase_list: list[Phase], out: Path, deadline: float, report: dict
     report["skipped_for_time"] = []
     write_report(report, out)
     for phase, entry in zip(phase_list, entries):
+        reason = phase.missing() if phase.missing is not None else ""
+        if reason:
+            entry.update(status="skipped", note=reason)
+            write_report(report, out)
+            continue
         left = deadline - clock()
         if left < phase.estimate_s:
             entry.update(status="skipped for time", note=f"{max(left, 0):.0f} s left")
@@ -219,6 +246,8 @@ def result_cell(entry: dict, row: Callable[[dict], str] | None) -> str:
             return f"its JSON lacks {error}"
     if entry["status"] == "skipped for time":
         return f"{entry['note']} of the {entry['estimate_s']:.0f} s it takes"
+    if entry["status"] == "skipped":
+        return entry["note"].replace("|", "/")
     return entry.get("last_line", "").replace("|", "/")
 
 

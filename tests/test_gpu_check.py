@@ -113,7 +113,7 @@ def test_every_phase_but_compile_parity_fits_the_default_budget_most_valuable_fi
     which the launch checks at the profile's full shape."""
     phases = gpu_check.phases(tmp_path)
     assert sum(phase.estimate_s for phase in phases[:-1]) <= gpu_check.DEFAULT_BUDGET_S
-    assert phases[0].key == "launch" and phases[-1].key == "compile_parity"
+    assert [phase.key for phase in phases[:2]] == ["launch", "notebook"] and phases[-1].key == "compile_parity"
     selections = [phase.command[phase.command.index("-k") + 1] for phase in phases if "-k" in phase.command]
     assert selections == ["not fast_path_keys and not benchmark_of_the_h100_profile and not memory_estimate",
                           "fast_path_keys"]
@@ -150,3 +150,18 @@ def test_the_launch_phase_needs_no_download(tmp_path, monkeypatch):
     assert peak_against_plan(54.9, 53.9, 1.5)[1] == ""
     assert "above the plan's 52.4 GB" in peak_against_plan(62.0, 53.9, 1.5)[1]
     assert "below the plan's 52.4 GB" in peak_against_plan(43.0, 53.9, 1.5)[1]
+
+
+def test_a_phase_this_machine_cannot_run_is_skipped_and_named_and_the_rest_run(tmp_path, monkeypatch):
+    """The notebook phase without checkouts of its upstream files: skipped with the reason in the
+    report, not failed; the next phase runs."""
+    monkeypatch.setenv("TAEHV_UPSTREAM_DIR", str(tmp_path / "no_taehv"))
+    monkeypatch.setenv("SERAENA_UPSTREAM_DIR", str(tmp_path / "no_seraena"))
+    notebook = next(phase for phase in gpu_check.phases(tmp_path) if phase.key == "notebook")
+    after = Phase("after", "after", 1, [sys.executable, "-c", "pass"])
+    report = gpu_check.run_phases([notebook, after], tmp_path, deadline=time.monotonic() + 60,
+                                  report={"device": "test", "torch": torch.__version__, "budget_s": 60, "date": "today"})
+    skipped, ran = report["phases"]
+    assert skipped["status"] == "skipped" and "no_taehv/taehv.py" in skipped["note"] and ran["status"] == "passed"
+    assert not gpu_check.problems(report)
+    assert "madebyollin/taehv" in gpu_check.markdown(report)

@@ -370,6 +370,7 @@ def test_production_and_ddp_files_train_with_two_cpu_processes(accelerate_file, 
     and discriminator identical on both ranks; the checkpoint weighs what the plan says; then resume.
     DDP accumulates 2 micro-steps per step (under no_sync, reduced at the window's end): identical
     ranks show the window's all-reduce.
+    Every engine then resumes from that checkpoint (in the older layout) to step 6.
     The DDP fp32 run is also the launcher's plain CPU case: started with --resume auto and no checkpoint
     (a fresh start) where no C++ compiler exists (the CPU default builds nothing), it writes the
     config its dry run printed; restarted the same way, it continues from the checkpoint and traces
@@ -449,12 +450,11 @@ def test_production_and_ddp_files_train_with_two_cpu_processes(accelerate_file, 
     planned = checkpoint_cost(load_config("test", [*sets, *recipe], 2, check_paths=False)).total_bytes
     assert written == pytest.approx(planned, rel=0.05), (written, planned)
     assert not any((checkpoint / name).exists() for name in ("model.safetensors", "optimizer.bin", "pytorch_model"))
-    if not fp32_ddp and zero != 3:  # resume is also the soak's and test_elastic's subject
-        return
-    # here from a checkpoint of the older layout, past every start
+    # every engine resumes past every start, here from a checkpoint of the older layout
     to_legacy_layout(checkpoint)
     (tmp_path / "probe_resumed").mkdir()
-    resumed = run([*common, "--max-steps", "6", *(["--resume", "auto", "--profile"] if fp32_ddp else ["--resume", "latest"])],
+    resumed = run([*common, *(arg for item in recipe for arg in ("--set", item)), "--max-steps", "6",
+                   *(["--resume", "auto", "--profile"] if fp32_ddp else ["--resume", "latest"])],
                   {"PYTHONPATH": str(REPO_ROOT / "tests" / "probe_site"), "TAEHV_STEP_PROBE": str(tmp_path / "probe_resumed")})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "at step 4" in resumed.stdout and "Step 6/6" in resumed.stdout
@@ -465,6 +465,9 @@ def test_production_and_ddp_files_train_with_two_cpu_processes(accelerate_file, 
     model = TAEHV.from_pretrained(run_dir / "final" / "taehv.pth", variant="taehv")
     assert json.loads((run_dir / "final" / "model_info.json").read_text())["step"] == 6
     assert model.latent_channels == 16
+    if zero == 2:  # the frozen encoder is still the file it started from
+        public = torch.load(start, weights_only=True)
+        assert all(torch.equal(model.state_dict()[k], public[k]) for k in public if k.startswith("encoder."))
 
 
 @pytest.mark.slow
