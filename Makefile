@@ -33,7 +33,7 @@ demo: $(STAMP)
 	$(PY) inference.py --model output/latest --held-out-of output/latest $(DEMO_EVAL) --out output/latest/evaluation
 
 # two test processes, each test file in one of them (its module fixtures built once). The suite is
-# CPU-bound on 2 cores (19.8 min of pytest on a fresh clone, 2026-11-27 at 214f92b; 24.7-27.5 min at the stops before): about
+# CPU-bound on 2 cores (19.8 and 20.6 min of pytest on fresh clones, 2026-11-27; 24.7-27.5 min at the stops before): about
 # half its CPU goes to the ~120 training processes the tests launch, each 3-4 CPU-s of imports (torch, and
 # torch._dynamo through the first AdamW) before its first step.
 # A third worker only splits the same cores: TEST_WORKERS=3 took 1,479 s and 1,612 s on fresh clones
