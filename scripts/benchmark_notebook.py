@@ -4,7 +4,8 @@ a measurement, not a test. Prints JSON (and writes it with --json).
     python -m scripts.benchmark_notebook --taehv-dir ../taehv --seraena-dir ../seraena [--rounds 5]
 
 The notebook is madebyollin/seraena's TAEHV_Training_Example.ipynb: batch 16, 12 frames, 64x64
-crops, the student in fp32 (taew2_1's layout, 16 latent channels), AdamW 3e-4, an encoder MSE to
+crops, the student in fp32 under fp16 autocast with a GradScaler on CUDA (taew2_1's layout, 16 latent
+channels), AdamW 3e-4, an encoder MSE to
 the reference latents, the decoder on the reference latents with an MSE to the frames and one to
 Seraena's corrected targets (3-frame groups, the discriminator updated every step). Its step is
 rebuilt here from upstream's own taehv.py and seraena.py (the folders of checkouts of
@@ -15,8 +16,9 @@ default). Ours is scripts/benchmark.py's profile_step (the trainer's step and bu
 the Wan VAE's clips are 4k+1 frames, and 9 frames are the notebook's 3 latent frames, its 12
 encoded frames (the encoder pads with the last frame) and its 9 decoded frames. Both leave out data
 loading, the reference VAE's encode and the weight average. Each round times one step of each,
-after two warm-up steps of each, on whatever device is here (the notebook's CUDA autocast and
-grad scaler do nothing on a CPU)."""
+after two warm-up steps of each, on whatever device is here (on a CPU the notebook's step runs
+without autocast). The step is scripts/notebook_recipe.py's notebook_train_step, which the host
+count (--host) also runs."""
 
 from __future__ import annotations
 
@@ -25,45 +27,11 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from scripts.benchmark import PhaseTimer, profile_step
-from scripts.notebook_recipe import BATCH, FRAMES, GROUP, OUR_FRAMES, SIZE, import_file, upstream_files
+from scripts.notebook_recipe import BATCH, FRAMES, OUR_FRAMES, SIZE, notebook_train_step, upstream_files
 from scripts.results import emit_result
 from training.base.fast_exit import exit_now
-
-def notebook_step(taehv_dir: Path, seraena_dir: Path, device: torch.device):
-    """The notebook's Trainer.train_step on random frames and latents, as upstream's code runs it."""
-    TAEHV = import_file(taehv_dir / "taehv.py").TAEHV
-    Seraena = import_file(seraena_dir / "seraena.py").Seraena
-    torch.manual_seed(0)
-    model = TAEHV(checkpoint_path=None).to(device).train()
-    seraena = Seraena(3 * GROUP, model.latent_channels).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), 3e-4, betas=(0.9, 0.95))
-    frames = torch.rand(BATCH, FRAMES, 3, SIZE, SIZE, device=device)
-    trim = model.frames_to_trim
-    latents = torch.randn(BATCH, FRAMES // 4, model.latent_channels, SIZE // 8, SIZE // 8, device=device)
-
-    def group(x):  # the notebook's pad_and_group: back to FRAMES frames, then GROUP frames per image
-        x = torch.cat([x, x[:, :trim]], 1)
-        return x.reshape(-1, GROUP * x.shape[2], *x.shape[3:])
-
-    def step():
-        encoded = model.encode_video(frames, parallel=True, show_progress_bar=False)
-        losses = [F.mse_loss(encoded, latents)]
-        target_frames = frames[:, :-trim]
-        decoded = model.decode_video(latents, parallel=True, show_progress_bar=False)
-        decoded = decoded + torch.zeros_like(target_frames).requires_grad_(True)  # the notebook's decoder_grad probe
-        context = latents.mean(1, keepdim=True).repeat_interleave(FRAMES // GROUP, dim=1).flatten(0, 1)
-        target, _ = seraena.step_and_make_correction_targets(group(target_frames), group(decoded), context)
-        target = target.reshape(-1, FRAMES, 3, SIZE, SIZE)[:, :-trim].reshape(decoded.shape)
-        losses += [F.mse_loss(decoded, target_frames), F.mse_loss(decoded, target)]
-        optimizer.zero_grad()
-        sum(losses).backward()
-        optimizer.step()
-
-    return step
-
 
 def our_step(device: torch.device, sets: list[str]):
     from training.config.load import load_config
@@ -100,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         emit_result({"command": command, "host": host_cost(args.taehv_dir, args.seraena_dir, args.set)}, args.json)
         return 0
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    steps = {"notebook": notebook_step(args.taehv_dir, args.seraena_dir, device)}
+    amp = torch.float16 if device.type == "cuda" else None  # the notebook's autocast and GradScaler on CUDA
+    steps = {"notebook": notebook_train_step(args.taehv_dir, args.seraena_dir, device, amp_dtype=amp)}
     steps["ours"], config = our_step(device, args.set)
     timer = PhaseTimer(device)  # scripts/benchmark.py's: synchronized around each step
     for _ in range(args.rounds + 2):

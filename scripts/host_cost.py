@@ -26,7 +26,8 @@ fp16 on CUDA; bf16 here, the same ops), its GradScaler, AdamW in its CUDA defaul
 reference VAE (diffusers' AutoencoderKLWan, random weights) in bf16 and its AveragedModel updated
 each step (the notebook averages every 2 s; the issue's count takes every step). Ours is the
 trainer itself: training/loop/train.py's main, launched by accelerate with the profile's
-accelerate file (1gpu_h100: one process, bf16 autocast; --set accelerate_config=... for another), the
+accelerate file (1gpu_h100: one process, bf16 autocast; --set accelerate_config=... for another), its
+fused AdamW (fused on every device, training/step/optimizer.py), the
 seraena-notebook recipe at the notebook's shape, the same Wan VAE on the fly; counted inside
 train_step and the EMA's step.
 """
@@ -191,64 +192,17 @@ def wan_vae_folder(cache: Path) -> Path:
 
 
 def notebook_host_cost(taehv_dir: Path, seraena_dir: Path, vae_folder: Path) -> dict:
-    """The notebook's train_step (upstream's code, the module docstring) counted on this CPU."""
-    import torch.nn.functional as F
+    """The notebook's train_step (upstream's code, the module docstring) counted on this CPU: the
+    reference encode on the fly, autocast (bf16 here, the notebook's fp16 on CUDA: the same ops) with
+    its GradScaler, and its AveragedModel each step."""
     from diffusers import AutoencoderKLWan
 
-    from scripts.notebook_recipe import FRAMES, GROUP, import_file
+    from scripts.notebook_recipe import notebook_train_step
 
-    TAEHV = import_file(taehv_dir / "taehv.py").TAEHV
-    Seraena = import_file(seraena_dir / "seraena.py").Seraena
-    torch.manual_seed(0)
     vae = AutoencoderKLWan.from_pretrained(str(vae_folder / "vae"), torch_dtype=torch.bfloat16).eval().requires_grad_(False)
-    model = TAEHV(checkpoint_path=None).train()
-    average = torch.optim.swa_utils.AveragedModel(model, avg_fn=lambda w_prev, w_new, n: min(0.95, n / 10) * w_prev
-                                                  + (1 - min(0.95, n / 10)) * w_new)
-    seraena = Seraena(3 * GROUP, model.latent_channels)
-    optimizer = torch.optim.AdamW(model.parameters(), 3e-4, betas=(0.9, 0.95), foreach=True)  # CUDA's default
-    scaler = torch.amp.GradScaler("cpu")
-    trim = model.frames_to_trim
-    clips = (torch.rand(SHAPE["batch"], FRAMES, 3, SHAPE["height"], SHAPE["width"]) * 255).to(torch.uint8)
     counter = HostCounter()
-
-    def encode_reference(ims):  # the notebook's RefVAE.encode_video
-        x = ims.transpose(1, 2)
-        y = vae.encode(x.to(torch.bfloat16).mul(2).sub_(1)).latent_dist.sample()
-        return y.transpose(1, 2).to(x.dtype)
-
-    def group(x):  # pad_and_group
-        x = torch.cat([x, x[:, :trim]], 1)
-        n, t, c, h, w = x.shape
-        return x.reshape(n * t // GROUP, GROUP * c, h, w)
-
-    def step():
-        with counter.part("reference_encode"), torch.no_grad():
-            ims = clips.float().div_(255.0)
-            latent = encode_reference(ims).float()
-        with counter.part("student_forward"), torch.autocast("cpu", torch.bfloat16):
-            encoded = model.encode_video(ims, parallel=True, show_progress_bar=False)
-        with counter.part("losses"), torch.autocast("cpu", torch.bfloat16):
-            losses = [F.mse_loss(encoded, latent)]
-        target_frames = ims[:, :-trim]
-        decoder_grad = torch.zeros_like(target_frames).requires_grad_(True)
-        with counter.part("student_forward"), torch.autocast("cpu", torch.bfloat16):
-            decoded = model.decode_video(latent, parallel=True, show_progress_bar=False) + decoder_grad
-        with counter.part("seraena"):
-            context = latent.mean(1, keepdim=True).repeat_interleave(FRAMES // GROUP, dim=1).flatten(0, 1)
-            target, _ = seraena.step_and_make_correction_targets(group(target_frames), group(decoded), context)
-            target = target.reshape(-1, FRAMES, 3, *target.shape[-2:])[:, :-trim].reshape(decoded.shape)
-        with counter.part("losses"), torch.autocast("cpu", torch.bfloat16):
-            losses += [F.mse_loss(decoded, target_frames), F.mse_loss(decoded, target)]
-        with counter.part("optimizer"):
-            optimizer.zero_grad()
-        with counter.part("backward"):
-            scaler.scale(sum(losses)).backward()
-        with counter.part("optimizer"):
-            scaler.step(optimizer)
-            scaler.update()
-        with counter.part("ema"):
-            average.update_parameters(model)
-
+    step = notebook_train_step(taehv_dir, seraena_dir, torch.device("cpu"), size=SHAPE["height"], reference=vae,
+                               amp_dtype=torch.bfloat16, average=True, part=counter.part)
     counter.patch_reads()
     seconds = []
     with counter:
@@ -279,6 +233,7 @@ def our_config_sets(vae_folder: Path, clips: Path) -> list[str]:
 def our_host_cost(profile: str, vae_folder: Path, work: Path, extra_sets: list[str]) -> dict:
     """Ours: the trainer launched by accelerate with the profile's accelerate file, one process, this
     module as the script (worker below), which counts inside the trainer's own step."""
+    from scripts.benchmark import free_port
     from training.config.load import load_config
     from training.data.synthetic_clips import make_sample_videos
 
@@ -302,14 +257,6 @@ def our_host_cost(profile: str, vae_folder: Path, work: Path, extra_sets: list[s
                                                          f"{config.mixed_precision})"}
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def worker(report: Path, argv: list[str]) -> int:
     """Inside accelerate launch: the trainer's main with the counter around each train_step and EMA step."""
     import training.loop.step as step_module
@@ -328,14 +275,7 @@ def worker(report: Path, argv: list[str]) -> int:
     for ema in (WeightEMA, PartitionedEMA):
         counter.wrap(ema, "step", "ema")
     steps, seconds, last = [], [], [False]  # last: whether the latest train_step was counted
-    train_step, build_optimizer = loop.train_step, loop.build_optimizer
-
-    def fused_like_cuda(config, model):  # the trainer's AdamW is fused where CUDA is (training/step/optimizer.py)
-        optimizer, scheduler = build_optimizer(config, model)
-        for group in optimizer.param_groups:
-            group["fused"], group["foreach"] = True, False
-        optimizer.defaults["fused"] = True
-        return optimizer, scheduler
+    train_step = loop.train_step
 
     def counted_step(run, batch):
         if not steps:  # the accelerator's backward and the optimizer's step, once built
@@ -355,7 +295,7 @@ def worker(report: Path, argv: list[str]) -> int:
         last[0] = counted
         return result
 
-    loop.train_step, loop.build_optimizer = counted_step, fused_like_cuda
+    loop.train_step = counted_step
     for ema in (WeightEMA, PartitionedEMA):  # the EMA's step follows train_step, still counted
         original = ema.step
 

@@ -4,6 +4,7 @@ clips, the validation line, validation_history.json, best_model/ and early stopp
 from __future__ import annotations
 
 import json
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -278,7 +279,7 @@ def record_validation(run: TrainingRun, metrics: dict) -> bool:
     value = metrics.get(config.best_metric)
     lower_is_better = config.best_metric.removeprefix("decode_") in LOWER_IS_BETTER
     # a NaN best (recorded before a validation that scored nothing gave no metric) is no best: never beaten
-    no_best = progress.best_value is None or progress.best_value != progress.best_value
+    no_best = progress.best_value is None or math.isnan(progress.best_value)
     improved = value is not None and (no_best or (value < progress.best_value if lower_is_better else value > progress.best_value))
     if improved:
         previous = progress.best_value, progress.best_step
