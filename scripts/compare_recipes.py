@@ -7,7 +7,7 @@ start, on the same clips, for the same steps, then score each on the clips they 
 
 Each run is the launcher's (`./train_taehv_h100.sh NGPU PROFILE --recipe NAME`), each score is
 inference.py's report on the held-out clips. Writes OUT/results.json and OUT/results.md; with
---write-docs also the table in docs/training.md#recipe-evidence. At CPU scale it is evidence of the
+--write-docs also the table in docs/training.md#recipe-evidence-scriptscompare_recipespy. At CPU scale it is evidence of the
 method on tiny crops and short runs, not of the recipes at their published scale:
 - a schedule's published start (VidTok's step 20,001, Open-Sora's "near convergence") is placed at
   the same fraction of this run (--late-fraction), its critic warm-up and ramp in proportion;

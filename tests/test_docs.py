@@ -101,3 +101,56 @@ def test_the_readme_gives_the_gpu_users_command_first_and_stays_short():
 
 
 HOW_TO_PAGES = ["docs/quickstart.md", "docs/launching.md", "docs/training.md", "docs/data.md", "docs/evaluation.md"]
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation but `-` and `_` dropped,
+    spaces as `-` (a repeated heading gets `-1`, `-2`, ...)."""
+    anchors, fenced = set(), False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        if fenced or not re.match(r"#{1,6} ", line):
+            continue
+        slug = re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+        anchor, n = slug, 0
+        while anchor in anchors:
+            n += 1
+            anchor = f"{slug}-{n}"
+        anchors.add(anchor)
+    return anchors
+
+
+MD_LINK = re.compile(r"\]\(([^()\s]+?)\)")
+CODE_LINK = re.compile(r"\bdocs/[\w/.-]*?\.md(?:#[\w-]+)?")
+
+
+def test_every_link_to_a_doc_names_a_page_and_a_heading_that_exist():
+    """Relative links in README.md and docs/, and `docs/<page>.md#<heading>` in the code, the scripts,
+    the Makefile and the tests, reach a file that exists and, with an anchor, one of its headings."""
+    def check(target: str, base, where: str, broken: list[str]):
+        path, _, anchor = target.partition("#")
+        file = (base / path).resolve() if path else None
+        if file is not None and not file.exists():
+            broken.append(f"{where}: {target} (no such file)")
+        elif anchor and (file is None or file.suffix == ".md") and \
+                anchor not in heading_anchors((file or base).read_text() if file else ""):
+            broken.append(f"{where}: {target} (no such heading)")
+
+    broken: list[str] = []
+    pages = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
+    for page in pages:
+        text = page.read_text()
+        for target in MD_LINK.findall(text):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            if target.startswith("#"):
+                check(page.name + target, page.parent, str(page.relative_to(REPO_ROOT)), broken)
+            else:
+                check(target, page.parent, str(page.relative_to(REPO_ROOT)), broken)
+    code = [p for pattern in ("*.py", "*.sh", "Makefile", "*.toml", "*.yaml")
+            for p in REPO_ROOT.rglob(pattern) if not {".venv", "output", "data", ".git"} & set(p.relative_to(REPO_ROOT).parts)]
+    for file in [*code, *pages]:
+        for target in CODE_LINK.findall(file.read_text(errors="replace")):
+            check(target, REPO_ROOT, str(file.relative_to(REPO_ROOT)), broken)
+    assert not broken, "\n".join(broken)
