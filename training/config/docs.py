@@ -17,7 +17,7 @@ def configuration_markdown() -> str:
         "a test fails when this file is out of date. Profiles in `training/configs/` state only what differs.",
         "Set any key at launch with `--set key=value` (repeatable).",
         "A resume of a recorded run may change only the keys marked in the column *resume may change*",
-        "([launching.md](launching.md#preemption-and-resume)); any other change is refused.",
+        "([resume](howto/resume.md#what-a-resume-may-change)); any other change is refused.",
         "",
         "| key | type | default | resume may change | meaning |",
         "|---|---|---|---|---|",
