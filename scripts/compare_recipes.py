@@ -7,7 +7,7 @@ start, on the same clips, for the same steps, then score each on the clips they 
 
 Each run is the launcher's (`./train_taehv_h100.sh NGPU PROFILE --recipe NAME`), each score is
 inference.py's report on the held-out clips. Writes OUT/results.json and OUT/results.md; with
---write-docs also the table in docs/training.md#recipe-evidence-scriptscompare_recipespy. At CPU scale it is evidence of the
+--write-docs also the table in docs/benchmarks.md#recipe-evidence-scriptscompare_recipespy. At CPU scale it is evidence of the
 method on tiny crops and short runs, not of the recipes at their published scale:
 - a schedule's published start (VidTok's step 20,001, Open-Sora's "near convergence") is placed at
   the same fraction of this run (--late-fraction), its critic warm-up and ramp in proportion;
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DOCS = REPO_ROOT / "docs" / "training.md"
+DOCS = REPO_ROOT / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- measured: recipe-evidence -->\n", "<!-- end measured -->"
 # what the table shows from inference.py's report.json "mean", and how
 COLUMNS = (("psnr", "PSNR (dB)", 2), ("chroma_psnr", "chroma PSNR (dB)", 2), ("colourfulness_ratio", "colourfulness", 2),
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lpips-backbone", default="")
     parser.add_argument("--lpips-heads", default="")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "output" / "compare_recipes")
-    parser.add_argument("--write-docs", action="store_true", help="write the table into docs/training.md")
+    parser.add_argument("--write-docs", action="store_true", help="write the table into docs/benchmarks.md")
     args = parser.parse_args(argv)
     names = [name.strip() for name in args.recipes.split(",") if name.strip()]
     unknown = [name for name in names if name != "default" and name not in RECIPES]
