@@ -68,7 +68,7 @@ gpu-check: $(if $(GPU_CHECK_PY),,$(STAMP))
 	$(or $(GPU_CHECK_PY),$(PY)) -m scripts.gpu_check --out gpu_check --budget $(BUDGET)
 
 # wheelhouse: every wheel the project needs beyond torch, for a container's Python and platform, resolved
-# with its torch kept, for an offline install (docs/launching.md). Runs in .venv when set up (its pip
+# with its torch kept, for an offline install (docs/howto/container-offline.md). Runs in .venv when set up (its pip
 # is new enough), else in PYTHON; needs internet.
 PYTHON_VERSION ?= 3.12
 WHEELHOUSE ?= wheelhouse

@@ -123,7 +123,7 @@ if (( NUM_MACHINES > 1 && CONFIG_NCCL_TIMEOUT_S < 1800 * NUM_MACHINES )); then
   SETS+=("nccl_timeout_s=$((1800 * NUM_MACHINES))"); SET_ARGS+=(--set "nccl_timeout_s=$((1800 * NUM_MACHINES))")
 fi
 
-# ---------------------------------------------------------------- staged runs (docs/training.md#recipes)
+# ------------------------------------------------------------- staged runs (docs/howto/finetune.md#stages)
 # A config with stages=(...) runs each stage as its own launch of this script, in
 # <run>/stage<K>-<name>/, from the previous stage's export; a stage that finished is skipped and
 # an interrupted one resumes, so the same command continues a staged run wherever it stopped.

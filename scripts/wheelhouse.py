@@ -1,6 +1,6 @@
 """Write a wheelhouse: every wheel the project needs beyond torch, for a target Python and Linux
 platform, so that a machine without internet installs the project into the torch it already has
-(`make wheelhouse`; docs/launching.md, "Into an existing PyTorch container, offline").
+(`make wheelhouse`; docs/howto/container-offline.md).
 
   python -m scripts.wheelhouse --out DIR --python-version 3.12 [--torch 2.11.0] [--platform manylinux_2_28_x86_64]
 

@@ -272,7 +272,7 @@ def test_the_container_requirements_are_the_projects_without_torch():
 
     project = {name: spec for name, spec in bounds(ROOT / "requirements.txt").items() if name not in NOT_IN_CONTAINER}
     assert bounds(CONTAINER) == project
-    for doc in ("README.md", "docs/launching.md"):
+    for doc in ("README.md", "docs/howto/container-offline.md"):
         text = (ROOT / doc).read_text()
         for command in ("make wheelhouse", "-c keep-torch.txt -r requirements-container.txt", "--no-index --find-links"):
             assert command in text, f"{doc} does not say `{command}`"
@@ -329,7 +329,7 @@ def _installed_torch(python: Path) -> dict:
                     reason="installs the manylinux_2_28 x86_64 wheels `make wheelhouse` writes, here")
 def test_an_offline_install_from_the_wheelhouse_keeps_the_containers_torch(tmp_path):
     """A fresh venv holding torch (this interpreter's release, as a container holds its own), then
-    docs/launching.md's steps: `make wheelhouse` for this Python with that torch, and with no network
+    docs/howto/container-offline.md's steps: `make wheelhouse` for this Python with that torch, and with no network
     (an unreachable proxy) `pip install --no-index --find-links` of requirements-container.txt with
     the torch constraint and `pip install -e .` of the project (its build backend from the
     wheelhouse). torch stays as it was, file for file; every package's dependencies are met; the

@@ -398,7 +398,7 @@ def test_production_and_ddp_files_train_with_two_cpu_processes(accelerate_file, 
     (tmp_path / "probe_first").mkdir()
     where = "on rank 1"
     # the ZeRO-2 bf16 run exports without EMA: what it writes must be DeepSpeed's fp32 masters; and it
-    # is a decoder-only fine-tune (docs/training.md#recipes): the frozen encoder leaves bit-equal
+    # is a decoder-only fine-tune (docs/howto/finetune.md#stages): the frozen encoder leaves bit-equal
     start = tmp_path / "public" / "taehv.pth"
     start.parent.mkdir()
     torch.manual_seed(3)

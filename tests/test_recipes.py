@@ -1,4 +1,4 @@
-"""Recipes users ask for (docs/training.md#recipes): decoder-only (or encoder-only) fine-tuning
+"""Recipes users ask for (docs/howto/finetune.md#stages): decoder-only (or encoder-only) fine-tuning
 of a public weight file, with the frozen part exported bit-equal."""
 
 import pytest

@@ -105,7 +105,7 @@ def parse_value(key: str, text: str) -> Any:
     """A `--set key=value` string to the key's type."""
     kind = FIELD_TYPES[key]
     if key == "stages":
-        raise ConfigError("--set stages=...: stages are dicts; write them in a config file (docs/training.md#recipes), "
+        raise ConfigError("--set stages=...: stages are dicts; write them in a config file (docs/howto/finetune.md#stages), "
                           "or use --set stage=K to train one of a file's stages")
     try:
         if kind is bool:

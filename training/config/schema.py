@@ -271,7 +271,7 @@ class TrainConfig:
                                             resume_may_change=True)
     gpu_memory_gb: float = option(80.0, "memory of one GPU; a GPU profile whose estimated peak per rank (training/plan/memory.py, "
                                   "printed by --dry-run) exceeds it is refused with the fix", resume_may_change=True)
-    # --- stages (docs/training.md#recipes) ------------------------------------------------------
+    # --- stages (docs/howto/finetune.md#stages) ----------------------------------------------------
     stages: tuple = option((), "train in stages, one after another in one run folder: dicts with steps, an optional "
                            "name and any keys that differ (height, width, n_frames, train_encoder, loss weights, "
                            "learning_rate, ...); each stage starts from the previous stage's export with a fresh "

@@ -101,7 +101,7 @@ def need_text(config, processes_per_node: int | None = None) -> str:
 def fix_text(config, processes_per_node: int | None = None) -> str:
     flag = shm_size_flag(loader_shared_memory_bytes(config, processes_per_node))
     return (f"make {SHM_PATH} larger (docker run {flag}; Kubernetes: an emptyDir: {{medium: Memory}} volume mounted at "
-            f"{SHM_PATH}, see docs/launching.md; a host: mount -o remount,size={flag.split('=')[1]} {SHM_PATH}) "
+            f"{SHM_PATH}, see docs/howto/container-offline.md; a host: mount -o remount,size={flag.split('=')[1]} {SHM_PATH}) "
             "or lower num_workers, prefetch_factor or batch_size_per_gpu")
 
 

@@ -418,7 +418,7 @@ def finish(run: TrainingRun) -> int:
                  "checkpoints/, validation_history.json, best_model/, final/taehv.pth + taehv.safetensors")
     run.log.line(f"evaluate: python inference.py --model {run.run_dir} --held-out-of {run.run_dir} (or --videos <clips>) "
                  f"--frames {run.config.n_frames} --height {run.config.height} --width {run.config.width} --out <folder> "
-                 + (f"--ref-vae-path {run.config.ref_vae_path} " if run.config.use_ref_vae else "") + "(docs/evaluation.md)")
+                 + (f"--ref-vae-path {run.config.ref_vae_path} " if run.config.use_ref_vae else "") + "(docs/howto/evaluate.md)")
     accelerator.end_training()
     if accelerator.is_main_process:  # tells the launcher the run ended on its own (see train_taehv_h100.sh)
         (run.run_dir / "FINISHED").write_text(f"step {run.progress.step}\n")

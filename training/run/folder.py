@@ -1,5 +1,5 @@
 """The run folder: which folder a launch trains in, what it records of its settings, and what a
-resume may change (docs/launching.md#preemption-and-resume).
+resume may change (docs/howto/resume.md#what-a-resume-may-change).
 
 A run is its run folder. A fresh start records its launch (profile and command-line overrides) in
 launch.json and every resolved key in resolved_config.json. A resume of a checkpoint into a run
@@ -126,7 +126,7 @@ def load_run(profile_or_path: str, overrides: list[str] | None = None, num_proce
         elif not _same(value, restored.get(key)):
             raise ResumeError(
                 f"--resume {resume} in {run_dir}: --set {key}={value!r} would change the run's {key}={restored.get(key)!r}, "
-                "which a resume keeps (docs/launching.md#preemption-and-resume lists what it may change); "
+                "which a resume keeps (docs/howto/resume.md#what-a-resume-may-change lists what it may change); "
                 f"drop the --set to continue the run, or branch it: --resume {resume_from} --output-dir <new folder>")
     restored["output_dir"] = str(run_dir)
     config = build_config(restored, num_processes, check_paths, "max_steps" in set_values, notes)
