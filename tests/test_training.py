@@ -327,6 +327,8 @@ def test_distillation_runs_with_each_reference_family(name, tiny_vae_folders, cl
     ])
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"distilling from {family}" in result.stdout
+    # one process runs unwrapped, as accelerate runs a lone GPU process (no DDP bucket copies)
+    assert (" (one process: no DDP)" if processes == 1 else " (DDP)") in result.stdout
     output = result.stdout + result.stderr
     student = dict(re.findall(r"rank (\d+) of \d+: final weights fingerprint ([0-9a-f]{16})", output))
     discriminator = dict(re.findall(r"rank (\d+) of \d+: seraena fingerprint ([0-9a-f]{16})", output))

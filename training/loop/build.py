@@ -39,8 +39,10 @@ def build_accelerator(config: TrainConfig, run_dir: Path):
         log_with="tensorboard",
         project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "logs")),
         kwargs_handlers=[process_group, ddp],
-        # plain DDP without a GPU: accelerate only sets up its multi-CPU mode when told it runs on CPU
-        cpu=not torch.cuda.is_available() and config.zero_stage == 0,
+        # plain DDP without a GPU: accelerate only sets up its multi-CPU mode when told it runs on CPU.
+        # One process is no DDP on either device: accelerate wraps a lone GPU process in nothing, but a
+        # lone multi-CPU one in DDP (a bucket copy, a division and an all-reduce per gradient)
+        cpu=not torch.cuda.is_available() and config.zero_stage == 0 and config.num_processes > 1,
     )
     if accelerator.num_processes != config.num_processes:
         raise RuntimeError(f"launched {accelerator.num_processes} processes but the config resolved {config.num_processes}")

@@ -185,7 +185,7 @@ def build_run(args: argparse.Namespace) -> TrainingRun:
     accelerator.init_trackers("taehv")
     if run.lpips is None:
         run.log.line("LPIPS weights not found: validation reports PSNR and SSIM only (see docs/evaluation.md)")
-    run.log.line(f"run folder {run_dir} | {accelerator.num_processes} processes | ZeRO {config.zero_stage}{accumulation_dtype(model)} | "
+    run.log.line(f"run folder {run_dir} | {accelerator.num_processes} processes | ZeRO {config.zero_stage}{engine_note(model)} | "
                  f"global batch {config.global_batch_size} | {len(train_dataset)} train / {len(validation_dataset)} "
                  f"validation clips | {describe_teacher(config)}")
     for line in launch.change_lines():  # recorded in resolved_config.json (the previous one kept beside it)
@@ -280,11 +280,16 @@ def build_ema(config: TrainConfig, accelerator, model):
     return WeightEMA(weights, config.ema_decay, accelerator.device)
 
 
-def accumulation_dtype(model) -> str:
-    """What DeepSpeed's optimizer sums gradients in, as the engine holds it (training/loop/build.py asks
-    fp32 for bf16 engines); '' outside DeepSpeed (DDP accumulates in the parameters' fp32)."""
+def engine_note(model) -> str:
+    """What wraps the student: under DeepSpeed, what its optimizer sums gradients in, as the engine
+    holds it (training/loop/build.py asks fp32 for bf16 engines); else DDP, or nothing for one process
+    (DDP accumulates in the parameters' fp32)."""
     dtype = getattr(getattr(model, "optimizer", None), "gradient_accumulation_dtype", None)
-    return f" (gradients accumulated in {str(dtype).removeprefix('torch.')})" if dtype is not None else ""
+    if dtype is not None:
+        return f" (gradients accumulated in {str(dtype).removeprefix('torch.')})"
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return " (DDP)"
+    return "" if hasattr(model, "optimizer") else " (one process: no DDP)"
 
 
 def describe_teacher(config: TrainConfig) -> str:
