@@ -80,3 +80,36 @@ def test_the_student_moves_at_least_15_percent_fewer_bytes_than_through_the_publ
     assert ours["bytes"] <= 0.85 * published["bytes"], (ours["bytes"] / 1e9, published["bytes"] / 1e9)
     assert ours["flops"] < published["flops"]  # 4 products per output pixel where the upsampled input took 9
     assert "upsample_nearest2d" not in ours["ops"] and ours["ops"]["cat"] < 0.02 * published["ops"]["cat"]  # the video padded to 12 frames
+
+
+def autograd_node_names(*outputs) -> set[str]:
+    seen, stack = set(), [out.grad_fn for out in outputs]
+    while stack:
+        node = stack.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            stack += [parent for parent, _ in node.next_functions]
+    return {node.name() for node in seen}
+
+
+@pytest.mark.parametrize("variant", ["taew2_1", "taehv"])  # MemBlock and WideMemBlock decoders
+def test_no_in_place_op_on_a_view_costs_the_students_backward_a_copy_of_an_activation(variant):
+    """In channels_last (every GPU profile) FrameAndPastConv's output is a view of its 3D
+    convolution's; an in-place ReLU on it made autograd rebuild the whole activation in the backward
+    (AsStridedBackward: a zero fill and a copy; CopySlices: a clone and a copy), once per block.
+    The same values and gradients as the in-place ReLU gave."""
+    from models.taehv import TAEHV
+    from models.taehv.blocks import MemBlock
+
+    torch.manual_seed(0)
+    model = TAEHV(variant).set_fast_path(channels_last=True).to(memory_format=torch.channels_last)  # fp32: the views of GPU dtypes
+    latents = model.encode_video(torch.rand(2, 9, 3, 32, 32))
+    names = autograd_node_names(latents, model.decode_video(latents))
+    assert not {"AsStridedBackward0", "torch::autograd::CopySlices"} & names, names
+    block = next(module for module in model.double().modules() if isinstance(module, MemBlock))
+    x = torch.randn(10, block.conv[0].in_channels // 2, 6, 6, dtype=torch.float64).contiguous(memory_format=torch.channels_last)
+    out_of_place = values_and_gradients(lambda v: block(v, frames=5), x, block.conv[0])
+    block.conv[1].inplace = True
+    in_place = values_and_gradients(lambda v: block(v, frames=5), x, block.conv[0])
+    for a, b in zip(out_of_place, in_place):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

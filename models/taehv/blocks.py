@@ -61,7 +61,10 @@ class MemBlock(nn.Module):
 
     @staticmethod
     def layers(n_in: int, n_out: int) -> nn.Sequential:
-        return nn.Sequential(FrameAndPastConv(n_in * 2, n_out, 3, padding=1), nn.ReLU(inplace=True),
+        # the first ReLU out of place: in channels_last FrameAndPastConv returns a view of the 3D
+        # convolution's output, and an in-place op on a view costs the backward a zero-filled copy,
+        # a clone and two copies of the whole activation (AsStridedBackward, CopySlices)
+        return nn.Sequential(FrameAndPastConv(n_in * 2, n_out, 3, padding=1), nn.ReLU(),
                              conv(n_out, n_out), nn.ReLU(inplace=True), conv(n_out, n_out))
 
     def forward(self, x, past=None, frames=None):
@@ -79,7 +82,7 @@ class WideMemBlock(MemBlock):
     @staticmethod
     def layers(n_in: int, n_out: int) -> nn.Sequential:
         groups = max(1, n_out // 64)
-        return nn.Sequential(FrameAndPastConv(n_in * 2, n_out, 1), nn.ReLU(inplace=True),
+        return nn.Sequential(FrameAndPastConv(n_in * 2, n_out, 1), nn.ReLU(),  # out of place: MemBlock.layers says why
                              conv(n_out, n_out, groups=groups), nn.ReLU(inplace=True),
                              nn.Conv2d(n_out, n_out, 1), nn.ReLU(inplace=True),
                              conv(n_out, n_out, groups=groups))
