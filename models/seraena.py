@@ -91,6 +91,14 @@ def host_slab(nbytes: int, pinned: bool) -> torch.Tensor:
     return slab
 
 
+def to_device(host: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A host tensor on `device`. To CUDA from pinned memory, without blocking: a copy from pageable
+    memory makes the host wait for every kernel queued before it (the step's run-ahead lost)."""
+    if torch.device(device).type != "cuda":
+        return host.to(device)
+    return (host if host.is_pinned() else host.pin_memory()).to(device, non_blocking=True)
+
+
 def _unregister(address: int) -> None:
     try:
         torch.cuda.cudart().cudaHostUnregister(address)
@@ -186,9 +194,11 @@ class ReplayBuffer:
             self.copied.synchronize()
             self.copied = None
 
-    def sample(self, count: int, like: torch.Size | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(fakes in [0, 1], contexts), as float32 on the CPU; with `like`, drawn among the fakes of
-        that shape only (a run with aspect buckets holds several), None when none has it."""
+    def sample(self, count: int, like: torch.Size | None = None, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(fakes in [0, 1], contexts) as float32 on `device`; with `like`, drawn among the fakes of
+        that shape only (a run with aspect buckets holds several), None when none has it. They travel
+        as held (uint8, bf16: a third of fp32's bytes), from pinned memory when the slab is pinned,
+        without the host waiting for the device (a blocking copy from pageable memory would)."""
         self.wait_for_copies()
         pool = range(len(self))
         if like is not None and any(fake_shape != like for fake_shape, _ in self.shapes):
@@ -196,8 +206,8 @@ class ReplayBuffer:
             if not pool:
                 return None
         entries = [self.entry(pool[self.rng.randrange(len(pool))]) for _ in range(count)]
-        fakes = torch.stack([fake for fake, _ in entries]).float() / 255
-        return fakes, torch.stack([context for _, context in entries]).float()
+        fakes, contexts = (to_device(torch.stack(held), device) for held in zip(*entries))
+        return fakes.float() / 255, contexts.float()
 
     def state_dict(self) -> dict:
         """The slab itself (no copy: a checkpoint writes it straight from host memory, capacity x
@@ -260,13 +270,13 @@ class Seraena(nn.Module):
         candidates, candidate_context = fake, context
         if len(self.buffer) > 0:
             n_replay = n // 2
-            replay = self.buffer.sample(n_replay, fake.shape[1:]) if n_replay else None  # same shape: aspect buckets
+            replay = self.buffer.sample(n_replay, fake.shape[1:], fake.device) if n_replay else None  # same shape: aspect buckets
             if replay is not None:
                 old_fake, old_context = replay
-                candidates = torch.cat([fake[: n - n_replay], old_fake.to(fake)], 0)
-                candidate_context = torch.cat([context[: n - n_replay], old_context.to(context)], 0)
+                candidates = torch.cat([fake[: n - n_replay], old_fake.to(fake.dtype)], 0)
+                candidate_context = torch.cat([context[: n - n_replay], old_context.to(context.dtype)], 0)
         self.buffer.add(fake, context)
-        use_fake = torch.tensor([self.rng.random() < 0.5 for _ in range(n)], dtype=torch.bool, device=fake.device)
+        use_fake = to_device(torch.tensor([self.rng.random() < 0.5 for _ in range(n)], dtype=torch.bool), fake.device)
         images = torch.where(use_fake[:, None, None, None], candidates, real)
         contexts = torch.where(use_fake[:, None, None, None], candidate_context, context)
         scores = self._scores(images, contexts)
