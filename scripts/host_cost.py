@@ -16,8 +16,11 @@ runs it: the reference VAE's encode on the fly and the weight average every step
   `float()` of a tensor), `.tolist()`, `.cpu()`, `.numpy()`, and device synchronizes (torch's and
   DeepSpeed's accelerator's). Blocking host-to-device copies cannot be told apart on a CPU (every
   tensor is on it): not counted.
-- **host ms**: the step's wall time at a 16x16 crop, where the convolutions' arithmetic is small
-  and the time is mostly the host's (Python, dispatch, the ops' fixed costs).
+- **host ms**: the CPU time of the step's thread outside the ops (Python, autograd's and the
+  dispatcher's bookkeeping between ops) at a 16x16 crop, less the counter's own cost per op
+  dispatched (measured in the same process, `counter_overhead_s`). Thread CPU time, not wall time:
+  on a shared machine another process's load stretches the wall clock between ops, not this
+  thread's CPU time, so the ratio of the two sides holds from run to run.
 
 The notebook's step is madebyollin/seraena's TAEHV_Training_Example.ipynb's Trainer.train_step
 rebuilt from upstream's own taehv.py and seraena.py (scripts/benchmark_notebook.py: checkouts of
@@ -59,6 +62,7 @@ NO_KERNEL = {aten.empty, aten.empty_strided, aten.new_empty, aten.new_empty_stri
 HOST_READS = ("tolist", "cpu", "numpy")
 WARMUP_STEPS = 2  # lazy initialisation, the first micro-step's warm-up of late terms, allocator growth
 COUNTED_STEPS = 5
+THREADS = 1  # intra-op threads on both sides: they speed the ops' arithmetic, which is not counted, and would differ otherwise
 SHAPE = {"batch": 16, "height": 16, "width": 16}  # the notebook's batch; a crop where the host's time dominates
 
 
@@ -71,12 +75,19 @@ class HostCounter(TorchDispatchMode):
         self.parts = ["other"]
         self.counting = False
         self.kernels, self.views, self.syncs = Counter(), Counter(), Counter()
-        self.op_seconds = 0.0  # inside the ops themselves (their arithmetic, on this CPU): not the host's
-        self.host_seconds = Counter()  # by part: the time between one op's end and the next op's start
+        self.kernel_names = Counter()  # (part, op): which ops a part launches
+        self.dispatched = Counter()  # by part: every op that went through the counter (its cost is paid per op)
+        self.op_seconds: list[float] = []  # per counted step: inside the ops themselves (their arithmetic): not the host's
+        self.ops_in_step: list[int] = []  # per counted step: the ops dispatched
+        self.host_seconds = Counter()  # by part: the thread's CPU time between one op's end and the next op's start
         self.last_op_end = 0.0
 
-    def start_step(self) -> None:
-        self.last_op_end = time.perf_counter()
+    def start_step(self, new: bool = True) -> None:
+        """The clock starts; `new`: a step of its own (else the current step goes on, as the EMA's after train_step)."""
+        if new and self.counting:
+            self.op_seconds.append(0.0)
+            self.ops_in_step.append(0)
+        self.last_op_end = CLOCK()
 
     @contextlib.contextmanager
     def part(self, name: str):
@@ -100,13 +111,16 @@ class HostCounter(TorchDispatchMode):
             self.views[self.parts[-1]] += 1
         elif packet not in NO_KERNEL:
             self.kernels[self.parts[-1]] += 1
-        start = time.perf_counter()
+            self.kernel_names[self.parts[-1], packet.__name__] += 1
+        self.dispatched[self.parts[-1]] += 1
+        self.ops_in_step[-1] += 1
+        start = CLOCK()
         self.host_seconds[self.parts[-1]] += start - self.last_op_end  # the host's work since the last op
         try:
             return func(*args, **(kwargs or {}))
         finally:
-            self.last_op_end = time.perf_counter()
-            self.op_seconds += self.last_op_end - start
+            self.last_op_end = CLOCK()
+            self.op_seconds[-1] += self.last_op_end - start
 
     def patch_reads(self) -> None:
         """Host reads (.tolist, .cpu, .numpy) and device synchronizes count as syncs."""
@@ -139,19 +153,53 @@ class HostCounter(TorchDispatchMode):
         setattr(owner, name, in_part)
 
     def per_step(self, steps: int, micro_steps_per_step: int, seconds: list[float]) -> dict:
-        wall = sum(seconds)
+        """`seconds`: each counted step's CPU time on this thread (CLOCK)."""
+        overhead = counter_overhead_s()
+        # each step's host time; the median step's is reported: another process's load still slows this
+        # thread's CPU a little (shared caches and cores), on some steps more than on others
+        host_ms = sorted(1000 * (total - inside - overhead * ops) for total, inside, ops in zip(seconds, self.op_seconds, self.ops_in_step))
+        host_by_part = {part: value - overhead * self.dispatched[part] for part, value in self.host_seconds.items()}
         return {
             "kernel_ops_per_step": sum(self.kernels.values()) / steps,
             "kernel_ops_per_micro_step": sum(self.kernels.values()) / steps / micro_steps_per_step,
             "view_ops_per_step": sum(self.views.values()) / steps,
             "syncs_per_step": sum(self.syncs.values()) / steps,
-            "host_ms_per_step": 1000 * (wall - self.op_seconds) / steps,
-            "wall_ms_per_step_on_this_cpu": 1000 * wall / steps,
+            "host_ms_per_step": host_ms[len(host_ms) // 2],
+            "host_ms_per_step_range": [host_ms[0], host_ms[-1]],
+            "thread_cpu_ms_per_step_on_this_cpu": 1000 * sum(seconds) / steps,
+            "counter_overhead_us_per_op": 1e6 * overhead,
             "kernel_ops_by_part": {part: count / steps for part, count in self.kernels.most_common()},
-            "host_ms_by_part": {part: 1000 * value / steps for part, value in self.host_seconds.most_common()},
+            "top_kernel_ops_by_part": {part: dict([(op, n / steps) for (where, op), n in self.kernel_names.most_common()
+                                                   if where == part][:8]) for part in self.kernels},
+            "host_ms_by_part": {part: 1000 * value / steps for part, value in sorted(host_by_part.items(), key=lambda kv: -kv[1])},
             "view_ops_by_part": {part: count / steps for part, count in self.views.most_common()},
             "syncs_by_where": {where: count / steps for where, count in self.syncs.most_common()},
         }
+
+
+CLOCK = time.thread_time  # this thread's CPU time: the host's work, not the waits another process's load adds
+
+
+def counter_overhead_s(ops: int = 20000, repeats: int = 5) -> float:
+    """What the counter adds to one op on this thread: the same small ops with and without it, the
+    least of `repeats` each (the quietest run is the closest to the cost itself)."""
+    x = torch.ones(8)
+
+    def run() -> float:
+        start = CLOCK()
+        for _ in range(ops):
+            torch.add(x, x)
+        return CLOCK() - start
+
+    counter = HostCounter()
+    plain, counted = [], []
+    for _ in range(repeats):
+        plain.append(run())
+        with counter:
+            counter.counting = True
+            counter.start_step()
+            counted.append(run())
+    return max(0.0, (min(counted) - min(plain)) / ops)
 
 
 COUNTER_FRAMES = {"sync", "__torch_dispatch__", "counted", "caller", "in_part"}
@@ -205,14 +253,15 @@ def notebook_host_cost(taehv_dir: Path, seraena_dir: Path, vae_folder: Path) -> 
                                amp_dtype=torch.bfloat16, average=True, part=counter.part)
     counter.patch_reads()
     seconds = []
+    torch.set_num_threads(THREADS)
     with counter:
         for index in range(WARMUP_STEPS + COUNTED_STEPS):
             counter.counting = index >= WARMUP_STEPS
-            start = time.perf_counter()
+            start = CLOCK()
             counter.start_step()
             step()
             if counter.counting:
-                seconds.append(time.perf_counter() - start)
+                seconds.append(CLOCK() - start)
             counter.counting = False
     return counter.per_step(COUNTED_STEPS, 1, seconds)
 
@@ -250,7 +299,7 @@ def our_host_cost(profile: str, vae_folder: Path, work: Path, extra_sets: list[s
                "--machine_rank", "0", "--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port()),
                str(Path(__file__).resolve()), "--worker", str(report), "--config", profile, "--output-dir", str(work / "run"),
                *(arg for item in sets for arg in ("--set", item))]
-    done = subprocess.run(command, cwd=repo, capture_output=True, text=True)
+    done = subprocess.run(command, cwd=repo, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(THREADS)})
     if done.returncode != 0 or not report.is_file():
         raise RuntimeError(f"our step's count failed (exit {done.returncode}): {(done.stdout + done.stderr)[-3000:]}")
     return {**json.loads(report.read_text()), "engine": f"{config.accelerate_config} (ZeRO {config.zero_stage}, "
@@ -284,14 +333,14 @@ def worker(report: Path, argv: list[str]) -> int:
             counter.wrap(run.optimizer, "zero_grad", "optimizer")
         counted = len(steps) >= WARMUP_STEPS
         counter.counting = counted
-        start = time.perf_counter()
+        start = CLOCK()
         counter.start_step()
         with counter:
             result = train_step(run, batch)
         steps.append(run.accelerator.gradient_accumulation_steps)
         counter.counting = False  # the loader's work between steps is not the step's
         if counted:
-            seconds.append(time.perf_counter() - start)
+            seconds.append(CLOCK() - start)
         last[0] = counted
         return result
 
@@ -301,14 +350,14 @@ def worker(report: Path, argv: list[str]) -> int:
 
         def counted_ema(self, *args, original=original, **kwargs):
             counter.counting = last[0]
-            start = time.perf_counter()
-            counter.start_step()
+            start = CLOCK()
+            counter.start_step(new=False)
             try:
                 with counter:
                     return original(self, *args, **kwargs)
             finally:
                 if counter.counting:
-                    seconds[-1] += time.perf_counter() - start
+                    seconds[-1] += CLOCK() - start
                 counter.counting = False
 
         ema.step = counted_ema

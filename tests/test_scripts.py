@@ -257,6 +257,7 @@ def test_the_host_count_tells_kernels_views_and_syncs_apart_by_part(monkeypatch)
     with counter:
         torch.ones(3) * 2  # not counted: outside the window
         counter.counting = True
+        counter.start_step()
         with counter.part("forward"):
             x = torch.empty(4).fill_(1.0)  # empty: no kernel; fill_: one
             y = x.view(2, 2).t()  # two views
@@ -273,3 +274,6 @@ def test_the_host_count_tells_kernels_views_and_syncs_apart_by_part(monkeypatch)
     assert sum(n for where, n in counter.syncs.items() if where.startswith("read: ")) == 2
     assert not any(where.startswith("optimizer: ") for where in counter.syncs), counter.syncs
     assert counter.kernels["optimizer"] > 0 and "other" not in counter.kernels
+    assert counter.ops_in_step == [sum(counter.dispatched.values())] and counter.op_seconds[0] > 0
+    report = counter.per_step(1, 1, [counter.op_seconds[0] + 1.0])  # a step of 1 s of the thread's CPU outside its ops
+    assert 0 < 1000 - report["host_ms_per_step"] < 1, report  # less the counter's own few microseconds per op
