@@ -314,6 +314,12 @@ def worker(report: Path, argv: list[str]) -> int:
     from training.step.ema import PartitionedEMA, WeightEMA
     from training.step.losses import Student
 
+    import models.reference_vae as reference_module
+
+    # the reference VAE in bf16 as on a GPU (on a CPU the trainer loads it in fp32, whose op
+    # sequence differs: the casts the bf16 encode launches are part of the GPU's step)
+    load = reference_module.load_reference_vae
+    reference_module.load_reference_vae = lambda *args, **kwargs: load(*args, **{**kwargs, "dtype": torch.bfloat16})
     counter = HostCounter()
     counter.patch_reads()
     counter.wrap(ReferenceVAE, "encode", "reference_encode")
