@@ -100,3 +100,8 @@ def test_on_cuda_the_slab_is_pinned_in_place_at_its_exact_size():
     buffer.wait_for_copies()  # the copies into the slab ran asynchronously
     assert torch.equal(torch.stack(buffer.fakes), (fakes * 255).round().to(torch.uint8).cpu())
     assert torch.equal(torch.stack(buffer.contexts), contexts.to(torch.bfloat16).cpu())
+    # replayed entries come back to the device without a blocking copy from pageable memory, as held
+    sampled_fakes, sampled_contexts = buffer.sample(3, device="cuda")
+    assert sampled_fakes.is_cuda and sampled_fakes.dtype == torch.float32 and sampled_contexts.is_cuda
+    held = (fakes * 255).round() / 255
+    assert all(any(torch.equal(fake, entry) for entry in held) for fake in sampled_fakes)
