@@ -250,7 +250,9 @@ class Seraena(nn.Module):
     ):
         super().__init__()
         self.disc = SeraenaDiscriminator(c_im, c_ctx, weight_seed)
-        self.optimizer = torch.optim.AdamW(self.disc.parameters(), lr=lr, betas=betas)
+        # fused: one kernel for every weight (a loop of per-weight ops on a CPU, a dozen foreach
+        # launches on CUDA), and it skips its update on the device when told found_inf
+        self.optimizer = torch.optim.AdamW(self.disc.parameters(), lr=lr, betas=betas, fused=True)
         self.rng = random.Random(seed)
         self.buffer = ReplayBuffer(buffer_size, self.rng, buffer_entry_bytes, pin_buffer)
         self.amp_dtype = amp_dtype
@@ -293,13 +295,17 @@ class Seraena(nn.Module):
         context: torch.Tensor,
         reduce_gradients: Callable[[list[torch.Tensor]], None] | None = None,
     ) -> torch.Tensor:
-        """One optimizer step of the discriminator; returns the (detached) loss."""
+        """One optimizer step of the discriminator; returns the (detached) loss. A non-finite gradient
+        (after `reduce_gradients`: on any rank) skips the update, moments and step count included,
+        decided on the device: no host sync."""
         self.disc.train()
         self.optimizer.zero_grad(set_to_none=True)
         loss = self.discriminator_loss(real, fake, context)
         loss.backward()
+        gradients = [p.grad for p in self.disc.parameters() if p.grad is not None]
         if reduce_gradients is not None:
-            reduce_gradients([p.grad for p in self.disc.parameters() if p.grad is not None])
+            reduce_gradients(gradients)
+        self.optimizer.found_inf = (~torch.isfinite(torch.nn.utils.get_total_norm(gradients))).float()
         self.optimizer.step()
         self.last_stats["discriminator_loss"] = loss.detach()
         return loss.detach()

@@ -105,6 +105,28 @@ def test_training_state_round_trip_continues_exactly():
     assert all(torch.equal(a, b) for a, b in zip(straight.buffer.fakes, resumed.buffer.fakes))
 
 
+def test_a_non_finite_gradient_skips_the_discriminators_update_and_the_next_one_steps():
+    """A rank whose discriminator loss overflowed (here: a NaN in the gradients after the
+    reduction, as an all-reduce spreads one rank's NaN to all) leaves weights, moments and step
+    count as they were, decided on the device; the next finite step updates as usual."""
+    torch.manual_seed(0)
+    seraena = Seraena(9, 16, buffer_size=8, seed=3)
+    batch = (torch.rand(4, 9, 16, 16), torch.rand(4, 9, 16, 16), torch.randn(4, 16, 2, 2))
+    seraena.discriminator_step(*batch)  # the moments exist
+    weights = {k: v.clone() for k, v in seraena.disc.state_dict().items()}
+    moments = {k: v.clone() for k, v in seraena.optimizer.state_dict()["state"][0].items()}
+
+    def overflowed(gradients):
+        gradients[3].view(-1)[0] = float("nan")
+
+    seraena.discriminator_step(*batch, reduce_gradients=overflowed)
+    assert all(torch.equal(weights[k], v) for k, v in seraena.disc.state_dict().items() if "running" not in k and "batches" not in k)
+    assert all(torch.equal(moments[k], v) for k, v in seraena.optimizer.state_dict()["state"][0].items())
+    seraena.discriminator_step(*batch)
+    changed = [k for k, v in seraena.disc.state_dict().items() if v.is_floating_point() and not torch.equal(weights[k], v)]
+    assert changed and all(torch.isfinite(v).all() for v in seraena.disc.state_dict().values())
+
+
 def test_reduce_gradients_hook_sees_every_gradient():
     seen = []
     seraena = Seraena(9, 16)

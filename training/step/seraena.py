@@ -48,7 +48,7 @@ class SeraenaState:
         # for a reset after a collapse (reset_if_failing): the same initial state on every rank
         self.initial_weights = {k: v.detach().clone() for k, v in self.seraena.disc.state_dict().items()}
         self.optimizer_settings = {k: v for k, v in self.seraena.optimizer.defaults.items()
-                                   if k in ("lr", "betas", "eps", "weight_decay")}
+                                   if k in ("lr", "betas", "eps", "weight_decay", "fused")}
         self.failing_steps = torch.zeros((), dtype=torch.long, device=device)  # in a row, of the averaged loss
         self.resets = 0
 
@@ -82,8 +82,8 @@ class SeraenaState:
         return real_groups, fake_groups, video_context(latents.detach().float(), fake_groups.shape[0] // decoded.shape[0])
 
     def _discriminator_step(self, real_groups, fake_groups, context) -> None:
-        self.seraena.discriminator_step(real_groups, fake_groups.detach().float(), context,
-                                        reduce_gradients=self._finite_mean)
+        # gradients averaged across ranks: a non-finite average skips the update on every rank alike
+        self.seraena.discriminator_step(real_groups, fake_groups.detach().float(), context, reduce_gradients=all_reduce_mean)
         # the loss averaged with the BatchNorm statistics (one all-reduce): every rank counts the same collapse
         loss = self.seraena.last_stats["discriminator_loss"].reshape(1).float().clone()
         all_reduce_mean([*self.seraena.batchnorm_buffers(), loss])
@@ -91,12 +91,6 @@ class SeraenaState:
         failing = ~torch.isfinite(loss[0]) | (loss[0] < COLLAPSED_LOSS)
         self.failing_steps = torch.where(failing, self.failing_steps + 1, torch.zeros_like(self.failing_steps))
 
-    def _finite_mean(self, gradients: list[torch.Tensor]) -> None:
-        """Averages the discriminator's gradients across ranks; a non-finite average (a rank's loss
-        overflowed) becomes zeros, so its weights never turn NaN (no host sync: decided on the device)."""
-        all_reduce_mean(gradients)
-        for gradient in gradients:  # one in-place op per gradient (a where and a copy were four)
-            gradient.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
 
     def reset_if_failing(self, steps: int) -> int:
         """When the discriminator's loss was non-finite or collapsed for `steps` optimizer steps in a
