@@ -31,8 +31,9 @@ each step (the notebook averages every 2 s; the issue's count takes every step).
 trainer itself: training/loop/train.py's main, launched by accelerate with the profile's
 accelerate file (1gpu_h100: one process, bf16 autocast; --set accelerate_config=... for another), its
 fused AdamW (fused on every device, training/step/optimizer.py), the
-seraena-notebook recipe at the notebook's shape, the same Wan VAE on the fly; counted inside
-train_step and the EMA's step.
+seraena-notebook recipe at the notebook's shape, the same Wan VAE on the fly (bf16, as a GPU loads
+it); counted inside train_step and the EMA's step. The two sides alternate step by step in that one
+process (NotebookSide), so each pair of steps meets the same load on a shared machine.
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ NO_KERNEL = {aten.empty, aten.empty_strided, aten.new_empty, aten.new_empty_stri
              aten.sym_stride, aten.sym_numel, aten.sym_storage_offset, aten.is_nonzero, aten._has_compatible_shallow_copy_type}
 HOST_READS = ("tolist", "cpu", "numpy")
 WARMUP_STEPS = 2  # lazy initialisation, the first micro-step's warm-up of late terms, allocator growth
-COUNTED_STEPS = 5
-THREADS = 1  # intra-op threads on both sides: they speed the ops' arithmetic, which is not counted, and would differ otherwise
+COUNTED_STEPS = 9
+THREADS = 1  # intra-op threads of the worker (both sides): they speed the ops' arithmetic, which is not counted
 SHAPE = {"batch": 16, "height": 16, "width": 16}  # the notebook's batch; a crop where the host's time dominates
 
 
@@ -157,7 +158,8 @@ class HostCounter(TorchDispatchMode):
         overhead = counter_overhead_s()
         # each step's host time; the median step's is reported: another process's load still slows this
         # thread's CPU a little (shared caches and cores), on some steps more than on others
-        host_ms = sorted(1000 * (total - inside - overhead * ops) for total, inside, ops in zip(seconds, self.op_seconds, self.ops_in_step))
+        by_step = [1000 * (total - inside - overhead * ops) for total, inside, ops in zip(seconds, self.op_seconds, self.ops_in_step)]
+        host_ms = sorted(by_step)
         host_by_part = {part: value - overhead * self.dispatched[part] for part, value in self.host_seconds.items()}
         return {
             "kernel_ops_per_step": sum(self.kernels.values()) / steps,
@@ -166,6 +168,7 @@ class HostCounter(TorchDispatchMode):
             "syncs_per_step": sum(self.syncs.values()) / steps,
             "host_ms_per_step": host_ms[len(host_ms) // 2],
             "host_ms_per_step_range": [host_ms[0], host_ms[-1]],
+            "host_ms_by_step": by_step,
             "thread_cpu_ms_per_step_on_this_cpu": 1000 * sum(seconds) / steps,
             "counter_overhead_us_per_op": 1e6 * overhead,
             "kernel_ops_by_part": {part: count / steps for part, count in self.kernels.most_common()},
@@ -239,31 +242,38 @@ def wan_vae_folder(cache: Path) -> Path:
     return folder.parent
 
 
-def notebook_host_cost(taehv_dir: Path, seraena_dir: Path, vae_folder: Path) -> dict:
-    """The notebook's train_step (upstream's code, the module docstring) counted on this CPU: the
-    reference encode on the fly, autocast (bf16 here, the notebook's fp16 on CUDA: the same ops) with
-    its GradScaler, and its AveragedModel each step."""
-    from diffusers import AutoencoderKLWan
+class NotebookSide:
+    """The notebook's train_step (upstream's code, the module docstring), counted by its own counter:
+    the reference encode on the fly, autocast (bf16 here, the notebook's fp16 on CUDA: the same ops)
+    with its GradScaler, and its AveragedModel each step. It runs in our worker's process, one step
+    before each of ours: both sides share the process, its threads and the machine's load of the moment."""
 
-    from scripts.notebook_recipe import notebook_train_step
+    def __init__(self, taehv_dir: Path, seraena_dir: Path, vae_folder: Path):
+        from diffusers import AutoencoderKLWan
 
-    vae = AutoencoderKLWan.from_pretrained(str(vae_folder / "vae"), torch_dtype=torch.bfloat16).eval().requires_grad_(False)
-    counter = HostCounter()
-    step = notebook_train_step(taehv_dir, seraena_dir, torch.device("cpu"), size=SHAPE["height"], reference=vae,
-                               amp_dtype=torch.bfloat16, average=True, part=counter.part)
-    counter.patch_reads()
-    seconds = []
-    torch.set_num_threads(THREADS)
-    with counter:
-        for index in range(WARMUP_STEPS + COUNTED_STEPS):
-            counter.counting = index >= WARMUP_STEPS
+        from scripts.notebook_recipe import notebook_train_step
+
+        vae = AutoencoderKLWan.from_pretrained(str(vae_folder / "vae"), torch_dtype=torch.bfloat16).eval().requires_grad_(False)
+        self.counter = HostCounter()
+        self.counter.patch_reads()  # beside ours: each counter counts only while it is counting
+        with torch.random.fork_rng(devices=[]):  # the notebook seeds its own weights; our run's generators stay as they were
+            self.train_step = notebook_train_step(taehv_dir, seraena_dir, torch.device("cpu"), size=SHAPE["height"], reference=vae,
+                                                  amp_dtype=torch.bfloat16, average=True, part=self.counter.part)
+        self.seconds: list[float] = []
+
+    def step(self, counted: bool) -> None:
+        counter = self.counter
+        with counter:
+            counter.counting = counted
             start = CLOCK()
             counter.start_step()
-            step()
-            if counter.counting:
-                seconds.append(CLOCK() - start)
+            self.train_step()
+            if counted:
+                self.seconds.append(CLOCK() - start)
             counter.counting = False
-    return counter.per_step(COUNTED_STEPS, 1, seconds)
+
+    def report(self) -> dict:
+        return self.counter.per_step(len(self.seconds), 1, self.seconds)
 
 
 def our_config_sets(vae_folder: Path, clips: Path) -> list[str]:
@@ -279,9 +289,11 @@ def our_config_sets(vae_folder: Path, clips: Path) -> list[str]:
             f"max_steps={WARMUP_STEPS + COUNTED_STEPS}"]
 
 
-def our_host_cost(profile: str, vae_folder: Path, work: Path, extra_sets: list[str]) -> dict:
-    """Ours: the trainer launched by accelerate with the profile's accelerate file, one process, this
-    module as the script (worker below), which counts inside the trainer's own step."""
+def host_costs(profile: str, vae_folder: Path, work: Path, extra_sets: list[str], notebook: tuple[Path, Path]) -> dict:
+    """{"ours": ..., "notebook": ...}. Ours: the trainer launched by accelerate with the profile's
+    accelerate file, one process, this module as the script (worker below), which counts inside the
+    trainer's own step; the notebook's step (upstream's code in the checkouts `notebook`) alternates
+    with ours in that process."""
     from scripts.benchmark import free_port
     from training.config.load import load_config
     from training.data.synthetic_clips import make_sample_videos
@@ -297,17 +309,19 @@ def our_host_cost(profile: str, vae_folder: Path, work: Path, extra_sets: list[s
     command = [sys.executable, str(repo / "training" / "base" / "launch.py"), "--config_file",
                str(repo / "accelerate_configs" / config.accelerate_config), "--num_processes", "1", "--num_machines", "1",
                "--machine_rank", "0", "--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port()),
-               str(Path(__file__).resolve()), "--worker", str(report), "--config", profile, "--output-dir", str(work / "run"),
+               str(Path(__file__).resolve()), "--worker", str(report), *map(str, (*notebook, vae_folder)), "--config", profile, "--output-dir", str(work / "run"),
                *(arg for item in sets for arg in ("--set", item))]
     done = subprocess.run(command, cwd=repo, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(THREADS)})
     if done.returncode != 0 or not report.is_file():
         raise RuntimeError(f"our step's count failed (exit {done.returncode}): {(done.stdout + done.stderr)[-3000:]}")
-    return {**json.loads(report.read_text()), "engine": f"{config.accelerate_config} (ZeRO {config.zero_stage}, "
-                                                         f"{config.mixed_precision})"}
+    costs = json.loads(report.read_text())
+    costs["ours"]["engine"] = f"{config.accelerate_config} (ZeRO {config.zero_stage}, {config.mixed_precision})"
+    return costs
 
 
-def worker(report: Path, argv: list[str]) -> int:
-    """Inside accelerate launch: the trainer's main with the counter around each train_step and EMA step."""
+def worker(report: Path, taehv_dir: Path, seraena_dir: Path, vae_folder: Path, argv: list[str]) -> int:
+    """Inside accelerate launch: the trainer's main with the counter around each train_step and EMA
+    step, the notebook's step before each."""
     import training.loop.step as step_module
     import training.loop.train as loop
     from models.reference_vae import ReferenceVAE
@@ -331,6 +345,7 @@ def worker(report: Path, argv: list[str]) -> int:
         counter.wrap(ema, "step", "ema")
     steps, seconds, last = [], [], [False]  # last: whether the latest train_step was counted
     train_step = loop.train_step
+    notebook = NotebookSide(taehv_dir, seraena_dir, vae_folder)
 
     def counted_step(run, batch):
         if not steps:  # the accelerator's backward and the optimizer's step, once built
@@ -338,6 +353,7 @@ def worker(report: Path, argv: list[str]) -> int:
             counter.wrap(run.optimizer, "step", "optimizer")
             counter.wrap(run.optimizer, "zero_grad", "optimizer")
         counted = len(steps) >= WARMUP_STEPS
+        notebook.step(counted)
         counter.counting = counted
         start = CLOCK()
         counter.start_step()
@@ -370,20 +386,22 @@ def worker(report: Path, argv: list[str]) -> int:
     code = loop.main(argv)
     counted = len(seconds)
     if code == 0:
-        report.write_text(json.dumps(counter.per_step(counted, steps[-1], seconds)))
+        ours, theirs = counter.per_step(counted, steps[-1], seconds), notebook.report()
+        # each of our steps over the notebook's step just before it (the same moment's load), the median pair
+        ratios = sorted(a / b for a, b in zip(ours["host_ms_by_step"], theirs["host_ms_by_step"]))
+        report.write_text(json.dumps({"ours": ours, "notebook": theirs, "ours_over_notebook_host_ms": ratios[len(ratios) // 2]}))
     return code
 
 
 def main(taehv_dir: Path, seraena_dir: Path, sets: list[str], profile: str = "1gpu_h100", work: Path | None = None) -> dict:
     work = work or Path(os.environ.get("TMPDIR", "/tmp")) / "taehv_host_cost"
     work.mkdir(parents=True, exist_ok=True)
-    vae_folder = wan_vae_folder(work)
-    return {"ours": our_host_cost(profile, vae_folder, work, sets), "notebook": notebook_host_cost(taehv_dir, seraena_dir, vae_folder)}
+    return host_costs(profile, wan_vae_folder(work), work, sets, (taehv_dir, seraena_dir))
 
 
 if __name__ == "__main__":
     from training.base.fast_exit import exit_now
 
-    if len(sys.argv) > 2 and sys.argv[1] == "--worker":
-        exit_now(worker(Path(sys.argv[2]), sys.argv[3:]))
+    if len(sys.argv) > 5 and sys.argv[1] == "--worker":
+        exit_now(worker(*map(Path, sys.argv[2:6]), sys.argv[6:]))
     raise SystemExit("run through python -m scripts.benchmark_notebook --host")
