@@ -155,3 +155,15 @@ def test_every_link_to_a_doc_names_a_page_and_a_heading_that_exist():
         for target in CODE_LINK.findall(file.read_text(errors="replace")):
             check(target, REPO_ROOT, str(file.relative_to(REPO_ROOT)), broken)
     assert not broken, "\n".join(broken)
+
+
+def test_every_launcher_option_is_in_the_launching_reference():
+    """docs/launching.md is the reference of both launchers: each option train_taehv_h100.sh's
+    argument loop parses, and each variable start_multinode_platform.sh reads from the platform,
+    has its line there (a new one without it fails here)."""
+    reference = (REPO_ROOT / "docs" / "launching.md").read_text()
+    options = re.findall(r"^\s*(--[a-z][a-z-]*)\)", (REPO_ROOT / "train_taehv_h100.sh").read_text(), re.M)
+    variables = re.findall(r"\$\{([A-Z][A-Z0-9_]+):-", (REPO_ROOT / "start_multinode_platform.sh").read_text())
+    assert "--set" in options and "GPUS_PER_NODE" in variables  # the patterns still find them
+    assert [option for option in options if f"`{option}" not in reference] == []
+    assert [name for name in variables if f"`{name}`" not in reference] == []
