@@ -258,6 +258,11 @@ class TrainConfig:
                                      resume_may_change=True, legacy="num_validation_samples")
     validation_batch_size: int = option(2, "clips per validation batch",
                                         resume_may_change=True, legacy="validation_batch_size")
+    validation_sizes: tuple = option((), "extra (height, width) sizes at which validation also scores the held-out clips: "
+                                     "PSNR, chroma PSNR and colourfulness ratio of the round trip and of the 8x8 block "
+                                     "average, e.g. ((64, 64),) or --set validation_sizes=64x64; the fully convolutional "
+                                     "student also runs at sizes it never trained at; () = height x width only",
+                                     resume_may_change=True)
     best_metric: str = option("psnr", "validation metric that selects best_model/: psnr, ssim, lpips or flicker (these two "
                               "lower is better), or decode_psnr/ssim/lpips/flicker (decode of reference latents)",
                               legacy="metric_for_best_model")

@@ -39,6 +39,7 @@ overrides = dict(
     log_every=25,
     validation_steps=200,
     validation_samples=16,
+    validation_sizes=((64, 64),),  # also scored at twice the training size: what a user sees first (issue 52)
     checkpointing_steps=300,
     nccl_timeout_s=600,
     channels_last=False,  # NHWC is the tensor-core layout of the GPU profiles; CPUs keep PyTorch's NCHW
