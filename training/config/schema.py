@@ -214,6 +214,10 @@ class TrainConfig:
     temporal_weight: float = option(0.0, "pixel loss (pixel_loss) of frame-to-frame changes, decoded vs input: "
                                     "against flicker (docs/evaluation.md#flicker); 0 skips it",
                                     measured=("memory", "flops"))
+    chroma_weight: float = option(0.0, "pixel loss (pixel_loss) of the BT.601 chroma (Cb, Cr) of decode(encode(video)) "
+                                  "against the input's, on top of reconstruction: under an RGB loss colour is learned "
+                                  "last (chroma is a small share of the error); 0 skips it",
+                                  measured=("memory", "flops"))
     # a term's schedule: (start_step, ramp_steps) in optimizer steps counted from the run's first stage; its
     # weight is 0 before start_step and rises linearly to the full weight over ramp_steps (docs/training.md#loss-schedules)
     encoder_schedule: tuple = option((), "(start_step, ramp_steps) of encoder_weight; () = full weight from step 0")
@@ -222,6 +226,7 @@ class TrainConfig:
                                             "from step 0")
     perceptual_schedule: tuple = option((), "(start_step, ramp_steps) of perceptual_weight; () = full weight from step 0")
     temporal_schedule: tuple = option((), "(start_step, ramp_steps) of temporal_weight; () = full weight from step 0")
+    chroma_schedule: tuple = option((), "(start_step, ramp_steps) of chroma_weight; () = full weight from step 0")
     seraena_schedule: tuple = option((), "(start_step, ramp_steps) of seraena_weight, the adversarial term; () = full "
                                      "weight from step 0")
     discriminator_start_step: int = option(-1, "optimizer step from which Seraena's discriminator updates; earlier than "
