@@ -562,3 +562,20 @@ def test_the_partitioned_ema_equals_the_gathered_one_bit_for_bit(tmp_path):
                        result.stdout)
     assert len(lines) == 2 and all(line[1:4] == ("True", "True", "True") for line in lines), result.stdout[-2000:]
     assert all(0 < int(held) < int(total) for *_, held, total in lines)
+
+
+def test_half_size_every_trains_every_nth_step_on_the_clips_pooled_2x():
+    from training.config.load import load_config
+    from training.config.schema import ConfigError
+    from training.step.losses import at_step_scale
+
+    config = load_config("test", ["half_size_every=2"], 1, check_paths=False)
+    video = torch.rand(2, 8, 3, 32, 32)
+    assert at_step_scale(config, video, 1) is video
+    half = at_step_scale(config, video, 2)
+    assert half.shape == (2, 8, 3, 16, 16)
+    assert half[1, 3, :, 0, 0].tolist() == pytest.approx(video[1, 3, :, :2, :2].mean((1, 2)).tolist())
+    with pytest.raises(ConfigError, match=r"half_size_every=2 halves 40x32: height and width must be multiples of 16"):
+        load_config("test", ["half_size_every=2", "height=40"], 1, check_paths=False)
+    with pytest.raises(ConfigError, match=r"half_size_every=2 needs autoencoder mode"):
+        load_config("test", ["half_size_every=2", "latent_cache=/cache"], 1, check_paths=False)

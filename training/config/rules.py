@@ -163,6 +163,14 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
     if frozen and not c.pretrained_model_path:
         raise ConfigError(f"train_{frozen[0]}=false with pretrained_model_path='' would freeze randomly initialised "
                           f"weights: set pretrained_model_path to the weights to fine-tune, or train_{frozen[0]}=true")
+    if c.half_size_every < 0:
+        raise ConfigError(f"half_size_every={c.half_size_every} must be 0 (off) or a step interval, e.g. 2 (every other step)")
+    if c.half_size_every and (c.use_ref_vae or c.latent_cache):
+        raise ConfigError(f"half_size_every={c.half_size_every} needs autoencoder mode (the reference latents are of the "
+                          "full-size clips): set use_ref_vae=false and latent_cache='', or half_size_every=0")
+    if c.half_size_every and (c.height % (2 * multiple) or c.width % (2 * multiple)):
+        raise ConfigError(f"half_size_every={c.half_size_every} halves {c.height}x{c.width}: height and width must be "
+                          f"multiples of {2 * multiple}, or set half_size_every=0")
     if c.crop_min_side < 0:
         raise ConfigError(f"crop_min_side={c.crop_min_side} must be 0 (off) or a side in pixels, e.g. 64")
     if c.crop_min_side and c.latent_cache:

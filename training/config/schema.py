@@ -168,6 +168,10 @@ class TrainConfig:
     crop_min_side: int = option(0, "scale augmentation: each training clip shows a region whose shorter side is drawn "
                                 "between this many pixels and the largest region of the training aspect, resized to "
                                 "height x width (the published recipe uses 64); 0 = off: always the largest region")
+    half_size_every: int = option(0, "mixed scales: every Nth optimizer step trains on its clips average-pooled 2x "
+                                  "(64x64 crops give 32x32), so one model learns both the interior of larger latents "
+                                  "and the all-border small ones; autoencoder mode only; 0 = off",
+                                  resume_may_change=True)
     short_clip_policy: str = option("skip", "clips shorter than needed: 'skip' (draw another) or 'loop'")
     max_failed_fraction: float = option(0.05, "stop when more than this fraction of clip draws fail",
                                         resume_may_change=True)

@@ -168,6 +168,15 @@ TERM_LOSSES = {"encoder": _latent_mse, "decoder": _pixels, "reconstruction": _pi
                "perceptual": _perceptual, "temporal": _temporal}
 
 
+def at_step_scale(config, video: torch.Tensor, step: int) -> torch.Tensor:
+    """The clips optimizer step `step` (1-based) trains on: every half_size_every-th step
+    average-pooled 2x (mixed scales), else as they are. Every micro-step of a step, on every
+    rank, has the same scale."""
+    if not config.half_size_every or step % config.half_size_every:
+        return video
+    return F.avg_pool2d(video.flatten(0, 1), 2).unflatten(0, video.shape[:2])
+
+
 def forward_losses(config, student, video: torch.Tensor, reference_latents: torch.Tensor | None,
                    lpips: nn.Module | None = None, step: int | None = None) -> StepLosses:
     """The student's forward and every loss term that needs no other rank. `video` (N,T,3,H,W in
