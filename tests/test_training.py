@@ -575,7 +575,7 @@ def test_half_size_every_trains_every_nth_step_on_the_clips_pooled_2x():
     half = at_step_scale(config, video, 2)
     assert half.shape == (2, 8, 3, 16, 16)
     assert half[1, 3, :, 0, 0].tolist() == pytest.approx(video[1, 3, :, :2, :2].mean((1, 2)).tolist())
-    with pytest.raises(ConfigError, match=r"half_size_every=2 halves 40x32: height and width must be multiples of 16"):
+    with pytest.raises(ConfigError, match=r"half_size_every=2 halves 40x32: height and width \(and buckets\) must be multiples of 16"):
         load_config("test", ["half_size_every=2", "height=40"], 1, check_paths=False)
     with pytest.raises(ConfigError, match=r"half_size_every=2 needs autoencoder mode"):
         load_config("test", ["half_size_every=2", "latent_cache=/cache"], 1, check_paths=False)

@@ -168,9 +168,10 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
     if c.half_size_every and (c.use_ref_vae or c.latent_cache):
         raise ConfigError(f"half_size_every={c.half_size_every} needs autoencoder mode (the reference latents are of the "
                           "full-size clips): set use_ref_vae=false and latent_cache='', or half_size_every=0")
-    if c.half_size_every and (c.height % (2 * multiple) or c.width % (2 * multiple)):
-        raise ConfigError(f"half_size_every={c.half_size_every} halves {c.height}x{c.width}: height and width must be "
-                          f"multiples of {2 * multiple}, or set half_size_every=0")
+    odd = [f"{h}x{w}" for h, w in ((c.height, c.width), *c.buckets) if h % (2 * multiple) or w % (2 * multiple)]
+    if c.half_size_every and odd:
+        raise ConfigError(f"half_size_every={c.half_size_every} halves {', '.join(odd)}: height and width (and buckets) "
+                          f"must be multiples of {2 * multiple}, or set half_size_every=0")
     if c.crop_min_side < 0:
         raise ConfigError(f"crop_min_side={c.crop_min_side} must be 0 (off) or a side in pixels, e.g. 64")
     if c.crop_min_side and c.latent_cache:
