@@ -4,7 +4,7 @@ start, on the same clips, for the same steps, then score each on the clips they 
     python -m scripts.compare_recipes                    # cpu profile, demo clips, 300 steps each
     python -m scripts.compare_recipes --steps 600 --write-docs
     python -m scripts.compare_recipes --profile h100 --ngpu 8 --steps 20000 --frames 17 --height 480 --width 720
-    python -m scripts.compare_recipes --candidate "at64 height=64 width=64 max_steps=200" --sizes 32x32,64x64
+    python -m scripts.compare_recipes --candidate "no_chroma chroma_weight=0" --candidate "at32 height=32 width=32 half_size_every=0" --sizes 32x32,64x64
 
 A --candidate is a name and the --set items of a run of the profile (its own max_steps among them,
 for a comparison at equal wall time: the table gives each run's training wall time and CPU time);
@@ -90,7 +90,7 @@ def parse_candidate(text: str) -> tuple[str, list[str]]:
     name, *sets = text.split()
     if "=" in name or not all("=" in item for item in sets):
         raise SystemExit(f"--candidate {text!r}: expected a name, then KEY=VALUE items, e.g. "
-                         "--candidate 'at64 height=64 width=64 max_steps=200'")
+                         "--candidate 'at32 height=32 width=32 half_size_every=0 max_steps=400'")
     return name, sets
 
 
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated: default (the profile as it is) and recipe names; all of them unless "
                              "--candidate is given, then none unless named")
     parser.add_argument("--candidate", action="append", default=[], metavar="'NAME KEY=VALUE ...'",
-                        help="a run of the profile with these --set items (repeatable), e.g. 'at64 height=64 width=64 max_steps=200'")
+                        help="a run of the profile with these --set items (repeatable), e.g. 'at32 height=32 width=32 half_size_every=0 max_steps=400'")
     parser.add_argument("--late-fraction", type=float, default=0.5,
                         help="where a recipe's late adversarial start is placed, as a fraction of --steps")
     parser.add_argument("--frames", type=int, default=8)
