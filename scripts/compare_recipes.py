@@ -170,7 +170,7 @@ def markdown(results: list[dict], args) -> str:
         lines.append("| 8x8 block average (no model) | - | - | " + cells([results[0]["scores"][size]["baseline"] for size in sizes])
                      + " | - | the blur to beat |")
     command = (f"python -m scripts.compare_recipes --profile {args.profile} --ngpu {args.ngpu} --steps {args.steps} "
-               f"--frames {args.frames} --sizes {','.join(sizes)}" + f" --recipes {args.recipes}"
+               f"--frames {args.frames} --sizes {','.join(sizes)}" + (f" --recipes {args.recipes}" if args.recipes else "")
                + "".join(f" --candidate '{text}'" for text in args.candidate)
                + "".join(f" --set {item}" for item in args.set) + (" --write-docs" if args.write_docs else ""))
     clips = results[0]["scores"][sizes[0]]["clips"] if results else 0
