@@ -28,8 +28,8 @@ import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# every loss term on (training/config/terms.py LOSS_TERMS): the profiles leave the temporal term off
-EVERY_TERM = ["temporal_weight=0.1"]
+# every loss term on (training/config/terms.py LOSS_TERMS): the profiles leave the temporal and chroma terms off
+EVERY_TERM = ["temporal_weight=0.1", "chroma_weight=1.0"]
 # a short run: 2 micro-steps per optimizer step, a log line (and its peak) per step, from scratch
 SHORT_RUN = ["gradient_accumulation_steps=2", "global_batch_size=0", "log_every=1", "pretrained_model_path="]
 PLAN_TOLERANCE = 0.15

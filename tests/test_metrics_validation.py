@@ -77,3 +77,48 @@ def test_without_opencv_validation_says_so_once_and_logs_the_rest(monkeypatch):
     assert {"luma_psnr", "chroma_psnr", "colourfulness_ratio", "psnr", "flicker"} <= set(first)
     assert len(run.log.lines) == 1 and "warping_error is not measured" in run.log.lines[0]
     assert "pip install opencv-python-headless" in run.log.lines[0]
+
+
+class PanningClips(list):
+    """Held-out clips that, like VideoClipDataset, can be cut again at another size."""
+
+    def at_size(self, height, width):
+        assert height == width
+        return PanningClips(panning_clip(seed, size=height) for seed in range(len(self)))
+
+
+def test_validation_also_scores_the_extra_sizes_beside_the_block_average():
+    from models.metrics import block_average, psnr
+
+    run = run_of(PanningClips(panning_clip(seed) for seed in range(3)))
+    run.config = load_config("test", ["validation_samples=3", "validation_sizes=64x64"], 1, check_paths=False)
+    assert run.config.validation_sizes == ((64, 64),)
+    torch.manual_seed(0)
+    model = TAEHV("taehv").eval()
+    metrics = validate(run, model)
+    videos = torch.stack([clip["video"] for clip in run.validation_dataset.at_size(64, 64)]).float() / 255
+    with torch.no_grad():
+        decoded = model(videos)
+    target = videos[:, : decoded.shape[1]]
+    blur = block_average(target)
+    assert metrics["64x64_psnr"] == pytest.approx(psnr(decoded, target).mean().item(), rel=1e-4)
+    assert metrics["64x64_chroma_psnr"] == pytest.approx(chroma_psnr(decoded, target).mean().item(), rel=1e-4)
+    assert metrics["64x64_colourfulness_ratio"] == pytest.approx((colourfulness(decoded).sum() / colourfulness(target).sum()).item(), rel=1e-4)
+    assert metrics["64x64_block_average_psnr"] == pytest.approx(psnr(blur, target).mean().item(), rel=1e-4)
+    assert metrics["64x64_block_average_chroma_psnr"] == pytest.approx(chroma_psnr(blur, target).mean().item(), rel=1e-4)
+    assert metrics["64x64_block_average_colourfulness_ratio"] == pytest.approx(
+        (colourfulness(blur).sum() / colourfulness(target).sum()).item(), rel=1e-4)
+    assert metrics["psnr"] != metrics["64x64_psnr"]  # the training size is still scored at its own size
+    assert re.search(r"64x64_psnr: [\d.]+ dB \| 64x64_chroma_psnr: [\d.]+ dB", validation_line(4, metrics)), validation_line(4, metrics)
+
+
+@pytest.mark.parametrize("value, message", [
+    ("60x64", "validation_sizes: 60x64 must have both sides positive multiples of 8 for taehv: use 64x64"),
+    ("64x64,64x64", "validation_sizes lists 64x64 more than once: remove the repeat"),
+    ("64", "validation_sizes=64: --set lists height,width pairs"),
+])
+def test_bad_validation_sizes_get_one_line_naming_the_key_and_the_fix(value, message):
+    from training.config.schema import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config("test", [f"validation_sizes={value}", "height=32", "width=32"], 1, check_paths=False)

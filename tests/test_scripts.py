@@ -277,3 +277,24 @@ def test_the_host_count_tells_kernels_views_and_syncs_apart_by_part(monkeypatch)
     assert counter.ops_in_step == [sum(counter.dispatched.values())] and counter.op_seconds[0] > 0
     report = counter.per_step(1, 1, [counter.op_seconds[0] + 1.0])  # a step of 1 s of the thread's CPU outside its ops
     assert 0 < 1000 - report["host_ms_per_step"] < 1, report  # less the counter's own few microseconds per op
+
+
+def test_compare_recipes_table_gives_each_candidate_at_each_size_beside_the_block_average():
+    from types import SimpleNamespace
+
+    from scripts.compare_recipes import markdown, parse_candidate, parse_sizes
+
+    assert parse_candidate("mixed chroma_weight=50 half_size_every=2") == ("mixed", ["chroma_weight=50", "half_size_every=2"])
+    with pytest.raises(SystemExit, match="expected a name, then KEY=VALUE items"):
+        parse_candidate("mixed chroma_weight")
+    sizes = parse_sizes("32x32,64x64")
+    mean = {"psnr": 21.0, "chroma_psnr": 34.0, "colourfulness_ratio": 0.9}
+    blur = {"psnr": 19.5, "chroma_psnr": 34.9, "colourfulness_ratio": 0.8}
+    result = {"recipe": "mixed", "sets": ["chroma_weight=50"], "steps": 800, "train_wall_s": 586.2, "cpu_minutes": 9.0,
+              "notes": [], "scores": {size: {"clips": 7, "mean": mean, "baseline": blur} for size in ("32x32", "64x64")}}
+    args = SimpleNamespace(profile="cpu", ngpu=1, steps=500, frames=8, sizes=sizes, recipes="", seed=42, write_docs=False,
+                           candidate=["mixed chroma_weight=50"], set=[])
+    table = markdown([result], args)
+    assert "| `mixed` (`chroma_weight=50`) | 800 | 9 m 46 s | 21.00 | 34.00 | 0.90 |" in table
+    assert "PSNR (dB) at 64x64" in table and "| 8x8 block average (no model) | - | - | 19.50 | 34.90 | 0.80 |" in table
+    assert "--sizes 32x32,64x64 --candidate 'mixed chroma_weight=50'" in table

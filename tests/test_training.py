@@ -193,6 +193,24 @@ def test_zero_weights_skip_their_computation_and_others_reach_the_student(monkey
     assert decoder_grad is not None and decoder_grad.abs().sum() > 0 or terms == {"encoder"}
 
 
+def test_chroma_term_is_the_round_trips_chroma_error():
+    """MSE of the BT.601 Cb and Cr of the round trip against the input's: the chroma PSNR's error."""
+    from models.metrics import chroma_psnr
+
+    video = torch.rand(1, 8, 3, 32, 32)
+    torch.manual_seed(0)
+    student = Student(TAEHV("taehv"))
+    weights = dict(reconstruction_weight=0.0, encoder_weight=0.0, decoder_weight=0.0, chroma_weight=3.0)
+    loss, logged = compute_losses(loss_config(**weights), student, video, None, None)
+    with torch.no_grad():
+        decoded = student.taehv.decode_video(student.taehv.encode_video(video))
+    mse = 10 ** (-chroma_psnr(decoded, video[:, : decoded.shape[1]]) / 10)
+    assert logged["chroma"].item() == pytest.approx(mse.item(), rel=1e-4)
+    assert loss.item() == pytest.approx(3.0 * logged["chroma"].item(), rel=1e-6)
+    loss.backward()
+    assert student.taehv.encoder[0].weight.grad.abs().sum() > 0
+
+
 @pytest.mark.parametrize("distilling", [True, False])
 def test_temporal_term_is_the_flicker_of_the_judged_decode(distilling):
     """MSE of frame-to-frame changes, decoded vs input (the flicker metric squared, averaged over
@@ -546,3 +564,20 @@ def test_the_partitioned_ema_equals_the_gathered_one_bit_for_bit(tmp_path):
                        result.stdout)
     assert len(lines) == 2 and all(line[1:4] == ("True", "True", "True") for line in lines), result.stdout[-2000:]
     assert all(0 < int(held) < int(total) for *_, held, total in lines)
+
+
+def test_half_size_every_trains_every_nth_step_on_the_clips_pooled_2x():
+    from training.config.load import load_config
+    from training.config.schema import ConfigError
+    from training.step.losses import at_step_scale
+
+    config = load_config("test", ["half_size_every=2"], 1, check_paths=False)
+    video = torch.rand(2, 8, 3, 32, 32)
+    assert at_step_scale(config, video, 1) is video
+    half = at_step_scale(config, video, 2)
+    assert half.shape == (2, 8, 3, 16, 16)
+    assert half[1, 3, :, 0, 0].tolist() == pytest.approx(video[1, 3, :, :2, :2].mean((1, 2)).tolist())
+    with pytest.raises(ConfigError, match=r"half_size_every=2 halves 40x32: height and width \(and buckets\) must be multiples of 16"):
+        load_config("test", ["half_size_every=2", "height=40"], 1, check_paths=False)
+    with pytest.raises(ConfigError, match=r"half_size_every=2 needs autoencoder mode"):
+        load_config("test", ["half_size_every=2", "latent_cache=/cache"], 1, check_paths=False)

@@ -16,7 +16,7 @@ from typing import Any
 
 from training.base.files import write_json
 from training.config.recipes import recipe_values
-from training.config.rules import _names_a_class, validate
+from training.config.rules import SIZE_LISTS, _names_a_class, validate
 from training.config.schema import (
     CAPPED_TO_MAX_STEPS,
     DERIVED_KEYS,
@@ -121,7 +121,7 @@ def parse_value(key: str, text: str) -> Any:
         if kind is float:
             return float(text)
         if kind is tuple:
-            if key == "buckets":  # 256x448,448x256 or 256,448,448,256 (training/data/buckets.py pairs them)
+            if key in SIZE_LISTS:  # 256x448,448x256 or 256,448,448,256 (rules.size_pairs pairs them)
                 text = text.replace("x", ",")
             return tuple(int(x) for x in text.strip().strip("()").split(",") if x.strip())
         return text
@@ -129,9 +129,9 @@ def parse_value(key: str, text: str) -> Any:
         if key.endswith("_schedule"):
             raise ConfigError(f"--set {key}={text}: expected start_step,ramp_steps, e.g. --set {key}=20000,1000, "
                               f"or {key}=() for the full weight from step 0") from None
-        if key == "buckets":
-            raise ConfigError(f"--set buckets={text}: expected heightxwidth pairs, e.g. --set buckets=256x448,448x256,320x320, "
-                              "or buckets=() for one shape (height x width)") from None
+        if key in SIZE_LISTS:
+            raise ConfigError(f"--set {key}={text}: expected heightxwidth pairs, e.g. --set {key}=256x448,448x256,320x320, "
+                              f"or {key}=() for none") from None
         if kind is tuple:
             raise ConfigError(f"--set {key}={text}: expected process counts separated by commas, e.g. "
                               f"--set {key}=8 or {key}=8,16, or {key}=() for any") from None

@@ -44,27 +44,46 @@ def _names_a_class(ref_vae_path: str) -> bool:
     return True
 
 
-def bucket_pairs(c: TrainConfig, multiple: int, variant: str) -> tuple:
-    """buckets as ((height, width), ...): config files give pairs, --set a flat h,w,h,w list."""
-    flat = all(isinstance(x, int) and not isinstance(x, bool) for x in c.buckets)
-    if flat and len(c.buckets) % 2:
-        raise ConfigError(f"buckets={','.join(map(str, c.buckets))}: --set lists height,width pairs, e.g. "
-                          "buckets=256,448,448,256,320,320; this has an odd count")
-    pairs = tuple(zip(c.buckets[::2], c.buckets[1::2])) if flat else c.buckets
+SIZE_LISTS = ("buckets", "validation_sizes")  # keys holding (height, width) pairs
+
+
+def size_pairs(c: TrainConfig, key: str, multiple: int, variant: str) -> tuple:
+    """A list of sizes as ((height, width), ...): config files give pairs, --set a flat h,w,h,w list."""
+    value = getattr(c, key)
+    flat = all(isinstance(x, int) and not isinstance(x, bool) for x in value)
+    if flat and len(value) % 2:
+        raise ConfigError(f"{key}={','.join(map(str, value))}: --set lists height,width pairs, e.g. "
+                          f"{key}=256,448,448,256,320,320; this has an odd count")
+    pairs = tuple(zip(value[::2], value[1::2])) if flat else value
     if not all(isinstance(p, (tuple, list)) and len(p) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in p)
                for p in pairs):
-        raise ConfigError(f"buckets={c.buckets!r}: expected (height, width) pairs of ints, e.g. ((256, 448), (448, 256), (320, 320))")
+        raise ConfigError(f"{key}={value!r}: expected (height, width) pairs of ints, e.g. ((256, 448), (448, 256), (320, 320))")
     pairs = tuple((int(h), int(w)) for h, w in pairs)
     for h, w in pairs:
         if h <= 0 or w <= 0 or h % multiple or w % multiple:
             fix = "x".join(str(max(multiple, round(x / multiple) * multiple)) for x in (h, w))
-            raise ConfigError(f"buckets: {h}x{w} must have both sides positive multiples of {multiple} for {variant}: use {fix}")
+            raise ConfigError(f"{key}: {h}x{w} must have both sides positive multiples of {multiple} for {variant}: use {fix}")
     repeated = sorted({f"{h}x{w}" for h, w in pairs if pairs.count((h, w)) > 1})
     if repeated:
-        raise ConfigError(f"buckets lists {', '.join(repeated)} more than once: remove the repeat")
+        raise ConfigError(f"{key} lists {', '.join(repeated)} more than once: remove the repeat")
+    return pairs
+
+
+def bucket_pairs(c: TrainConfig, multiple: int, variant: str) -> tuple:
+    """buckets as ((height, width), ...), checked against the latent cache."""
+    pairs = size_pairs(c, "buckets", multiple, variant)
     if pairs and c.latent_cache:
         raise ConfigError(f"buckets with latent_cache={c.latent_cache!r}: a cache stores one crop per clip at height x "
                           "width; set buckets=() to train from the cache, or latent_cache='' to train in buckets")
+    return pairs
+
+
+def validation_size_pairs(c: TrainConfig, multiple: int, variant: str) -> tuple:
+    """validation_sizes as ((height, width), ...), cut from the clips (no latent cache)."""
+    pairs = size_pairs(c, "validation_sizes", multiple, variant)
+    if pairs and c.latent_cache:
+        raise ConfigError(f"validation_sizes with latent_cache={c.latent_cache!r}: a cache stores one crop per clip at "
+                          "height x width; set validation_sizes=() to train from the cache")
     return pairs
 
 
@@ -122,6 +141,7 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
         if value <= 0 or value % multiple:
             raise ConfigError(f"{key}={value} must be a positive multiple of {multiple} for {args.variant}: use {max(multiple, value // multiple * multiple)}")
     c.buckets = bucket_pairs(c, multiple, args.variant)
+    c.validation_sizes = validation_size_pairs(c, multiple, args.variant)
     if not 1 <= c.min_frame_delta <= c.max_frame_delta:
         raise ConfigError(f"min_frame_delta={c.min_frame_delta}, max_frame_delta={c.max_frame_delta}: need 1 <= min <= max")
     metrics = ("psnr", "ssim", "lpips", "flicker") + (("decode_psnr", "decode_ssim", "decode_lpips", "decode_flicker")
@@ -143,6 +163,15 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
     if frozen and not c.pretrained_model_path:
         raise ConfigError(f"train_{frozen[0]}=false with pretrained_model_path='' would freeze randomly initialised "
                           f"weights: set pretrained_model_path to the weights to fine-tune, or train_{frozen[0]}=true")
+    if c.half_size_every < 0:
+        raise ConfigError(f"half_size_every={c.half_size_every} must be 0 (off) or a step interval, e.g. 2 (every other step)")
+    if c.half_size_every and (c.use_ref_vae or c.latent_cache):
+        raise ConfigError(f"half_size_every={c.half_size_every} needs autoencoder mode (the reference latents are of the "
+                          "full-size clips): set use_ref_vae=false and latent_cache='', or half_size_every=0")
+    odd = [f"{h}x{w}" for h, w in ((c.height, c.width), *c.buckets) if h % (2 * multiple) or w % (2 * multiple)]
+    if c.half_size_every and odd:
+        raise ConfigError(f"half_size_every={c.half_size_every} halves {', '.join(odd)}: height and width (and buckets) "
+                          f"must be multiples of {2 * multiple}, or set half_size_every=0")
     if c.crop_min_side < 0:
         raise ConfigError(f"crop_min_side={c.crop_min_side} must be 0 (off) or a side in pixels, e.g. 64")
     if c.crop_min_side and c.latent_cache:

@@ -168,6 +168,10 @@ class TrainConfig:
     crop_min_side: int = option(0, "scale augmentation: each training clip shows a region whose shorter side is drawn "
                                 "between this many pixels and the largest region of the training aspect, resized to "
                                 "height x width (the published recipe uses 64); 0 = off: always the largest region")
+    half_size_every: int = option(0, "mixed scales: every Nth optimizer step trains on its clips average-pooled 2x "
+                                  "(64x64 crops give 32x32), so one model learns both the interior of larger latents "
+                                  "and the all-border small ones; autoencoder mode only; 0 = off",
+                                  resume_may_change=True)
     short_clip_policy: str = option("skip", "clips shorter than needed: 'skip' (draw another) or 'loop'")
     max_failed_fraction: float = option(0.05, "stop when more than this fraction of clip draws fail",
                                         resume_may_change=True)
@@ -214,6 +218,10 @@ class TrainConfig:
     temporal_weight: float = option(0.0, "pixel loss (pixel_loss) of frame-to-frame changes, decoded vs input: "
                                     "against flicker (docs/evaluation.md#flicker); 0 skips it",
                                     measured=("memory", "flops"))
+    chroma_weight: float = option(0.0, "pixel loss (pixel_loss) of the BT.601 chroma (Cb, Cr) of decode(encode(video)) "
+                                  "against the input's, on top of reconstruction: under an RGB loss colour is learned "
+                                  "last (chroma is a small share of the error); 0 skips it",
+                                  measured=("memory", "flops"))
     # a term's schedule: (start_step, ramp_steps) in optimizer steps counted from the run's first stage; its
     # weight is 0 before start_step and rises linearly to the full weight over ramp_steps (docs/training.md#loss-schedules)
     encoder_schedule: tuple = option((), "(start_step, ramp_steps) of encoder_weight; () = full weight from step 0")
@@ -222,6 +230,7 @@ class TrainConfig:
                                             "from step 0")
     perceptual_schedule: tuple = option((), "(start_step, ramp_steps) of perceptual_weight; () = full weight from step 0")
     temporal_schedule: tuple = option((), "(start_step, ramp_steps) of temporal_weight; () = full weight from step 0")
+    chroma_schedule: tuple = option((), "(start_step, ramp_steps) of chroma_weight; () = full weight from step 0")
     seraena_schedule: tuple = option((), "(start_step, ramp_steps) of seraena_weight, the adversarial term; () = full "
                                      "weight from step 0")
     discriminator_start_step: int = option(-1, "optimizer step from which Seraena's discriminator updates; earlier than "
@@ -258,6 +267,11 @@ class TrainConfig:
                                      resume_may_change=True, legacy="num_validation_samples")
     validation_batch_size: int = option(2, "clips per validation batch",
                                         resume_may_change=True, legacy="validation_batch_size")
+    validation_sizes: tuple = option((), "extra (height, width) sizes at which validation also scores the held-out clips: "
+                                     "PSNR, chroma PSNR and colourfulness ratio of the round trip and of the 8x8 block "
+                                     "average, e.g. ((64, 64),) or --set validation_sizes=64x64; the fully convolutional "
+                                     "student also runs at sizes it never trained at; () = height x width only",
+                                     resume_may_change=True)
     best_metric: str = option("psnr", "validation metric that selects best_model/: psnr, ssim, lpips or flicker (these two "
                               "lower is better), or decode_psnr/ssim/lpips/flicker (decode of reference latents)",
                               legacy="metric_for_best_model")

@@ -36,6 +36,7 @@ LOSS_TERMS = (
     LossTerm("encoder", "encoder_weight", LATENTS, needs_reference=True),
     LossTerm("decoder", "decoder_weight", REFERENCE_DECODE, needs_reference=True),
     LossTerm("reconstruction", "reconstruction_weight", ROUND_TRIP),
+    LossTerm("chroma", "chroma_weight", ROUND_TRIP),
     LossTerm("perceptual", "perceptual_weight", JUDGED, module="lpips"),
     LossTerm("temporal", "temporal_weight", JUDGED),
     LossTerm("seraena", "seraena_weight", JUDGED, module="seraena", across_ranks=True),

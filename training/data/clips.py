@@ -3,6 +3,7 @@ counted, batches in shared memory, the resumable sharded sampler."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import Counter
 from dataclasses import dataclass
@@ -53,6 +54,11 @@ class VideoClipDataset(Dataset):
 
     def __len__(self) -> int:
         return len(self.index)
+
+    def at_size(self, height: int, width: int) -> "VideoClipDataset":
+        """The same clips cut to height x width (validation_sizes)."""
+        spec = dataclasses.replace(self.spec, height=height, width=width, buckets=())
+        return VideoClipDataset(self.index, spec, train=self.train, seed=self.seed, max_redraws=self.max_redraws)
 
     def __getitem__(self, key) -> dict:
         epoch, index = key if isinstance(key, tuple) else (0, key)

@@ -19,7 +19,7 @@ from training.loop.state import TrainingRun
 from training.run.checkpoint_files import complete_checkpoints
 from training.loop.skips import STEP_SKIPS
 from training.config.terms import discriminator_updates
-from training.step.losses import StepLosses, add_seraena_term, forward_losses, warm_late_terms
+from training.step.losses import StepLosses, add_seraena_term, at_step_scale, forward_losses, warm_late_terms
 
 
 @dataclass
@@ -74,6 +74,7 @@ def compute_locally(run: TrainingRun, batch, window: Window) -> LocalResult:
         try:
             if not local.lost_batch:
                 video = batch["video"].to(accelerator.device, non_blocking=True).float() / 255  # N,T,3,H,W in [0, 1]
+                video = at_step_scale(run.config, video, run.progress.step + 1)
                 # finiteness of the reference latents as a device flag for the agreement (no wait here)
                 reference_latents = reference_latents_for(run, batch, video, check=False)
                 if reference_latents is not None:

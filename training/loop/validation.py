@@ -151,7 +151,50 @@ def validate(run: TrainingRun, evaluated: TAEHV) -> dict:
         if sums.get(f"{prefix}warped_clips"):
             out[f"{prefix}warping_error"] = sums[f"{prefix}warping_error"] / sums[f"{prefix}warped_clips"]
     out.update({name: sums[name] / clips for name in names if name.startswith("psnr_frame")})
+    out.update(validate_at_sizes(run, evaluated))
     return {**out, "skipped_clips": skipped_clips} if skipped_clips else out
+
+
+def validate_at_sizes(run: TrainingRun, evaluated: TAEHV) -> dict:
+    """At each of validation_sizes, the same held-out clips cut to that size: `<H>x<W>_psnr`,
+    `_chroma_psnr` and `_colourfulness_ratio` of the round trip, and the same of the 8x8 block
+    average (`<H>x<W>_block_average_...`), the blur a model should beat. The student is fully
+    convolutional, so a user runs it at sizes it never trained at; this shows what they see. Clips
+    are split across ranks, one at a time, and the sums reduced; no reference latents (autoencoder
+    round trip only)."""
+    from models.metrics import block_average, chroma_psnr, colourfulness, psnr
+
+    accelerator, config = run.accelerator, run.config
+    count = min(config.validation_samples, len(run.validation_dataset))
+    own = range(accelerator.process_index, count, accelerator.num_processes)
+    precision = torch.autocast(accelerator.device.type, torch.bfloat16,
+                               enabled=config.mixed_precision == "bf16" and accelerator.device.type == "cuda")
+    out = {}
+    for height, width in config.validation_sizes:
+        dataset = run.validation_dataset.at_size(height, width)
+        # per reconstruction (model, block average): PSNR, chroma PSNR, colourfulness; then the source's, the clips
+        totals = torch.zeros(8, device=accelerator.device)
+        with torch.no_grad():
+            for index in own:
+                video = dataset[index]["video"][None].to(accelerator.device).float() / 255
+                with precision:
+                    frames = evaluated(video).float()
+                target = aligned(video, frames)
+                values = []
+                for reconstruction in (frames, block_average(target)):
+                    values += [psnr(reconstruction, target), chroma_psnr(reconstruction, target), colourfulness(reconstruction)]
+                totals += torch.cat([*values, colourfulness(target), totals.new_ones(1)])
+        totals = accelerator.reduce(totals, reduction="sum") if accelerator.num_processes > 1 else totals
+        sums = totals.tolist()
+        clips, source = sums[7], sums[6]
+        if not clips:
+            continue
+        for prefix, (psnr_sum, chroma_sum, colour_sum) in ((f"{height}x{width}_", sums[0:3]),
+                                                          (f"{height}x{width}_block_average_", sums[3:6])):
+            out[prefix + "psnr"], out[prefix + "chroma_psnr"] = psnr_sum / clips, chroma_sum / clips
+            if source / clips >= MIN_SOURCE_COLOURFULNESS:  # a grey source has no ratio
+                out[prefix + "colourfulness_ratio"] = colour_sum / source
+    return out
 
 
 def clip_name(dataset, item: dict, index: int) -> str:
@@ -215,6 +258,7 @@ def validation_line(step: int, metrics: dict, seconds: float | None = None) -> s
                 else f"{k}: {v:+.4f}" if k.endswith("_vs_start") else f"{k}: {v}" if k == "skipped_clips" else f"{k}: {v:.4f}")
 
     late = [prefix + k for prefix in ("", "decode_") for k in COLOUR_AND_MOTION if prefix + k in metrics]
+    late += [k for k in metrics if k[0].isdigit()]  # validation_sizes' metrics (64x64_psnr, ...) come last
     parts = [part(k, v) for k, v in metrics.items() if not k.startswith("psnr_frame") and k not in late]
     if by_frame:
         parts.append("by frame: " + " ".join(f"{v:.1f}" for v in by_frame) + " dB")

@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.metrics import aligned, psnr
+from models.metrics import aligned, psnr, ycbcr
 from models.taehv import TAEHV
 from training.config.terms import active_terms, source, student_needs, term_weights
 from training.step.seraena import SeraenaState
@@ -143,6 +143,11 @@ def _pixels(config, decoded, video, reference_latents, lpips):
     return pixel_loss(config.pixel_loss, decoded, aligned(video, decoded))
 
 
+def _chroma(config, decoded, video, reference_latents, lpips):
+    decoded = decoded.float()
+    return pixel_loss(config.pixel_loss, ycbcr(decoded)[:, :, 1:], ycbcr(aligned(video, decoded))[:, :, 1:])
+
+
 def _perceptual(config, decoded, video, reference_latents, lpips):
     if lpips is None:
         raise ValueError("perceptual_weight > 0 but no LPIPS model was given (models.metrics.load_lpips)")
@@ -159,8 +164,17 @@ def _temporal(config, decoded, video, reference_latents, lpips):
 
 
 # the formula of each local term, by name; what it reads and needs is its record in training/config/terms.py
-TERM_LOSSES = {"encoder": _latent_mse, "decoder": _pixels, "reconstruction": _pixels, "perceptual": _perceptual,
-               "temporal": _temporal}
+TERM_LOSSES = {"encoder": _latent_mse, "decoder": _pixels, "reconstruction": _pixels, "chroma": _chroma,
+               "perceptual": _perceptual, "temporal": _temporal}
+
+
+def at_step_scale(config, video: torch.Tensor, step: int) -> torch.Tensor:
+    """The clips optimizer step `step` (1-based) trains on: every half_size_every-th step
+    average-pooled 2x (mixed scales), else as they are. Every micro-step of a step, on every
+    rank, has the same scale."""
+    if not config.half_size_every or step % config.half_size_every:
+        return video
+    return F.avg_pool2d(video.flatten(0, 1), 2).unflatten(0, video.shape[:2])
 
 
 def forward_losses(config, student, video: torch.Tensor, reference_latents: torch.Tensor | None,
