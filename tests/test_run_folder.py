@@ -73,8 +73,9 @@ def test_another_process_count_takes_the_profiles_topology_and_keeps_the_runs_tr
     run_dir = tmp_path / "run"
     start(run_dir, ["learning_rate=3e-4"], profile="cpu", processes=2)
     one = resume(run_dir, profile="cpu", processes=1)
-    assert one.config.global_batch_size == 8 and one.config.learning_rate == 3e-4
-    assert ("global_batch_size", 16, 8) in one.changes
+    per_process = one.config.batch_size_per_gpu  # the profile's, one accumulation step
+    assert one.config.global_batch_size == per_process and one.config.learning_rate == 3e-4
+    assert ("global_batch_size", 2 * per_process, per_process) in one.changes
     assert {key for key, _, _ in one.changes} <= RESUME_MAY_CHANGE
 
 
