@@ -40,6 +40,7 @@ from training.loop.build import (
     build_seraena,
     build_train_loader,
     check_deepspeed_batch,
+    check_finiteness_once,
     choose_sample_data,
     configure_compile,
     configure_cuda,
@@ -172,6 +173,8 @@ def build_run(args: argparse.Namespace) -> TrainingRun:
     model, optimizer = accelerator.prepare(model, optimizer)
     set_collective_timeout(config.nccl_timeout_s)  # DeepSpeed's groups too, until the first step shortens it
     check_deepspeed_batch(accelerator, config)
+    if accelerator.state.deepspeed_plugin is not None:
+        check_finiteness_once(model)
     run = TrainingRun(
         config=config, run_dir=run_dir, accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler,
         ema=build_ema(config, accelerator, model),
@@ -284,9 +287,11 @@ def engine_note(model) -> str:
     """What wraps the student: under DeepSpeed, what its optimizer sums gradients in, as the engine
     holds it (training/loop/build.py asks fp32 for bf16 engines); else DDP, or nothing for one process
     (DDP accumulates in the parameters' fp32)."""
-    dtype = getattr(getattr(model, "optimizer", None), "gradient_accumulation_dtype", None)
+    optimizer = getattr(model, "optimizer", None)
+    dtype = getattr(optimizer, "gradient_accumulation_dtype", None)
     if dtype is not None:
-        return f" (gradients accumulated in {str(dtype).removeprefix('torch.')})"
+        checked = "; inf/NaN skipped by the global norm's check alone" if "check_overflow" in vars(optimizer) else ""
+        return f" (gradients accumulated in {str(dtype).removeprefix('torch.')}{checked})"
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         return " (DDP)"
     return "" if hasattr(model, "optimizer") else " (one process: no DDP)"
