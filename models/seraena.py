@@ -205,9 +205,15 @@ class ReplayBuffer:
             pool = [slot for slot, (fake_shape, _) in enumerate(self.shapes) if fake_shape == like]
             if not pool:
                 return None
-        entries = [self.entry(pool[self.rng.randrange(len(pool))]) for _ in range(count)]
-        fakes, contexts = (to_device(torch.stack(held), device) for held in zip(*entries))
-        return fakes.float() / 255, contexts.float()
+        drawn = [pool[self.rng.randrange(len(pool))] for _ in range(count)]
+        fake_shape, context_shape = self.shapes[drawn[0]]  # one shape among them (`like`, or a run's only one)
+        slots = torch.tensor(drawn)
+        offset, size = self.layout(fake_shape, context_shape)
+        rows = self.slab.view(self.capacity, self.entry_bytes)
+        # one gather per kind from the slab's rows (not a view, a copy and a stack per entry)
+        fakes = rows[:, : math.prod(fake_shape)].index_select(0, slots).view(count, *fake_shape)
+        contexts = rows[:, offset:size].index_select(0, slots).view(torch.bfloat16).view(count, *context_shape)
+        return to_device(fakes, device).float() / 255, to_device(contexts, device).float()
 
     def state_dict(self) -> dict:
         """The slab itself (no copy: a checkpoint writes it straight from host memory, capacity x

@@ -33,7 +33,9 @@ accelerate file (1gpu_h100: one process, bf16 autocast; --set accelerate_config=
 fused AdamW (fused on every device, training/step/optimizer.py), the
 seraena-notebook recipe at the notebook's shape, the same Wan VAE on the fly (bf16, as a GPU loads
 it); counted inside train_step and the EMA's step. The two sides alternate step by step in that one
-process (NotebookSide), so each pair of steps meets the same load on a shared machine.
+process (NotebookSide), each first every other step: each pair of steps meets the same load on a
+shared machine, and neither side always follows the data loader's work. Both subtract the same
+figure for the counter's own cost (measured beside each pair).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import contextlib
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -153,9 +156,9 @@ class HostCounter(TorchDispatchMode):
 
         setattr(owner, name, in_part)
 
-    def per_step(self, steps: int, micro_steps_per_step: int, seconds: list[float]) -> dict:
-        """`seconds`: each counted step's CPU time on this thread (CLOCK)."""
-        overhead = counter_overhead_s()
+    def per_step(self, steps: int, micro_steps_per_step: int, seconds: list[float], overhead: float) -> dict:
+        """`seconds`: each counted step's CPU time on this thread (CLOCK); `overhead`: the counter's
+        own cost per op (counter_overhead_s), the same figure for both sides of a comparison."""
         # each step's host time; the median step's is reported: another process's load still slows this
         # thread's CPU a little (shared caches and cores), on some steps more than on others
         by_step = [1000 * (total - inside - overhead * ops) for total, inside, ops in zip(seconds, self.op_seconds, self.ops_in_step)]
@@ -183,7 +186,7 @@ class HostCounter(TorchDispatchMode):
 CLOCK = time.thread_time  # this thread's CPU time: the host's work, not the waits another process's load adds
 
 
-def counter_overhead_s(ops: int = 20000, repeats: int = 5) -> float:
+def counter_overhead_s(ops: int = 5000, repeats: int = 3) -> float:
     """What the counter adds to one op on this thread: the same small ops with and without it, the
     least of `repeats` each (the quietest run is the closest to the cost itself)."""
     x = torch.ones(8)
@@ -272,8 +275,8 @@ class NotebookSide:
                 self.seconds.append(CLOCK() - start)
             counter.counting = False
 
-    def report(self) -> dict:
-        return self.counter.per_step(len(self.seconds), 1, self.seconds)
+    def report(self, overhead: float) -> dict:
+        return self.counter.per_step(len(self.seconds), 1, self.seconds, overhead)
 
 
 def our_config_sets(vae_folder: Path, clips: Path) -> list[str]:
@@ -343,7 +346,7 @@ def worker(report: Path, taehv_dir: Path, seraena_dir: Path, vae_folder: Path, a
     counter.wrap(step_module, "agree", "agreement")
     for ema in (WeightEMA, PartitionedEMA):
         counter.wrap(ema, "step", "ema")
-    steps, seconds, last = [], [], [False]  # last: whether the latest train_step was counted
+    steps, seconds, overheads, last = [], [], [], [False]  # last: whether the latest train_step was counted
     train_step = loop.train_step
     notebook = NotebookSide(taehv_dir, seraena_dir, vae_folder)
 
@@ -353,7 +356,9 @@ def worker(report: Path, taehv_dir: Path, seraena_dir: Path, vae_folder: Path, a
             counter.wrap(run.optimizer, "step", "optimizer")
             counter.wrap(run.optimizer, "zero_grad", "optimizer")
         counted = len(steps) >= WARMUP_STEPS
-        notebook.step(counted)
+        notebook_first = len(steps) % 2 == 0  # each side first every other step: neither always follows the loader's work
+        if notebook_first:
+            notebook.step(counted)
         counter.counting = counted
         start = CLOCK()
         counter.start_step()
@@ -363,6 +368,9 @@ def worker(report: Path, taehv_dir: Path, seraena_dir: Path, vae_folder: Path, a
         counter.counting = False  # the loader's work between steps is not the step's
         if counted:
             seconds.append(CLOCK() - start)
+            overheads.append(counter_overhead_s())  # beside each pair of steps: the machine's load of the moment
+        if not notebook_first:
+            notebook.step(counted)
         last[0] = counted
         return result
 
@@ -386,7 +394,10 @@ def worker(report: Path, taehv_dir: Path, seraena_dir: Path, vae_folder: Path, a
     code = loop.main(argv)
     counted = len(seconds)
     if code == 0:
-        ours, theirs = counter.per_step(counted, steps[-1], seconds), notebook.report()
+        # one figure for the counter's own cost, subtracted alike from both sides (measured apart, at two
+        # moments of a shared machine, it differed by more than the sides did)
+        overhead = statistics.median(overheads)
+        ours, theirs = counter.per_step(counted, steps[-1], seconds, overhead), notebook.report(overhead)
         # each of our steps over the notebook's step just before it (the same moment's load), the median pair
         ratios = sorted(a / b for a, b in zip(ours["host_ms_by_step"], theirs["host_ms_by_step"]))
         report.write_text(json.dumps({"ours": ours, "notebook": theirs, "ours_over_notebook_host_ms": ratios[len(ratios) // 2]}))

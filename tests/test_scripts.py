@@ -244,7 +244,7 @@ def test_the_host_count_tells_kernels_views_and_syncs_apart_by_part(monkeypatch)
     outside the counted window; torch.optim's host-side step counters are not syncs."""
     from deepspeed.accelerator import get_accelerator
 
-    from scripts.host_cost import HOST_READS, HostCounter
+    from scripts.host_cost import HOST_READS, HostCounter, counter_overhead_s
 
     for name in HOST_READS:  # patch_reads replaces these for the process: restored after the test
         monkeypatch.setattr(torch.Tensor, name, getattr(torch.Tensor, name))
@@ -275,7 +275,7 @@ def test_the_host_count_tells_kernels_views_and_syncs_apart_by_part(monkeypatch)
     assert not any(where.startswith("optimizer: ") for where in counter.syncs), counter.syncs
     assert counter.kernels["optimizer"] > 0 and "other" not in counter.kernels
     assert counter.ops_in_step == [sum(counter.dispatched.values())] and counter.op_seconds[0] > 0
-    report = counter.per_step(1, 1, [counter.op_seconds[0] + 1.0])  # a step of 1 s of the thread's CPU outside its ops
+    report = counter.per_step(1, 1, [counter.op_seconds[0] + 1.0], counter_overhead_s())  # a step of 1 s of the thread's CPU outside its ops
     assert 0 < 1000 - report["host_ms_per_step"] < 1, report  # less the counter's own few microseconds per op
 
 

@@ -163,8 +163,13 @@ def test_replay_buffer_is_compact_and_reads_old_fp32_checkpoints():
     buffer = ReplayBuffer(8, random.Random(0))
     buffer.add(fakes, contexts)
     assert {f.dtype for f in buffer.fakes} == {torch.uint8} and {c.dtype for c in buffer.contexts} == {torch.bfloat16}
+    drawing = buffer.rng.getstate()
     sampled, sampled_context = buffer.sample(16)
     assert sampled.dtype == torch.float32 and 0 <= sampled.min() and sampled.max() <= 1
+    buffer.rng.setstate(drawing)  # the slots it drew, and each one's pair as held
+    slots = [buffer.rng.randrange(len(buffer)) for _ in range(16)]
+    assert torch.equal(sampled, torch.stack([buffer.fakes[slot] for slot in slots]).float() / 255)
+    assert torch.equal(sampled_context, torch.stack([buffer.contexts[slot] for slot in slots]).float())
     nearest = torch.cdist(sampled.flatten(1), fakes.flatten(1)).argmin(1)
     assert (sampled - fakes[nearest]).abs().max() <= 0.5 / 255 + 1e-6
     assert torch.allclose(sampled_context, contexts[nearest], rtol=1e-2, atol=1e-2)

@@ -549,6 +549,34 @@ def test_weight_ema_blends_in_fp32_and_returns_to_its_device_after_loading():
     assert moved.decay == 0.9 and {v.device.type for v in moved.shadow.values()} == {"meta"}
 
 
+def test_the_weight_ema_follows_the_parameters_it_listed_once_bit_for_bit():
+    """Without DeepSpeed the EMA lists the parameters once and lerps them each step: the same values
+    as blending in master_weights each step, also after a parameter's data is replaced, with a frozen
+    encoder, and after its averages are loaded again."""
+    from training.step.ema import WeightEMA
+    from training.step.weights import master_weights
+
+    torch.manual_seed(0)
+    student = Student(TAEHV("taehv"))
+    student.taehv.encoder.requires_grad_(False)
+    student.frozen_weights = {f"encoder.{k}": v.detach().clone() for k, v in student.taehv.encoder.named_parameters()}
+    accelerator = SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=None), device=torch.device("cpu"))
+    listed, walked = (WeightEMA(master_weights(accelerator, student), 0.9, accelerator.device) for _ in range(2))
+    decoder = list(student.taehv.decoder.parameters())
+    for step in range(4):
+        with torch.no_grad():
+            for param in decoder:
+                param.add_(torch.randn_like(param))
+            if step == 1:  # replaced, not written in place
+                decoder[0].data = torch.randn_like(decoder[0])
+        if step == 2:
+            listed.load_state_dict(listed.state_dict())
+        listed.step(accelerator, student)
+        walked.update(master_weights(accelerator, student))
+    assert listed.blended is not None and listed.shadow.keys() == walked.shadow.keys()
+    assert all(torch.equal(listed.shadow[k], walked.shadow[k]) for k in walked.shadow)
+
+
 @pytest.mark.slow
 @needs_compiler
 def test_the_partitioned_ema_equals_the_gathered_one_bit_for_bit(tmp_path):

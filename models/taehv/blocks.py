@@ -37,7 +37,7 @@ class FrameAndPastConv(nn.Conv2d):
         if past is not None:
             return super().forward(torch.cat([x, past], 1))
         channels = x.shape[1]
-        now, before = self.weight[:, :channels], self.weight[:, channels:]
+        now, before = self.weight.split(channels, 1)  # (its backward is one cat, in the weight's layout)
         clips = x.unflatten(0, (-1, frames)).transpose(1, 2)  # N,C,T,H,W
         clips = F.pad(clips, (0, 0, 0, 0, 1, 0))  # the zero frame before each clip's first
         weight = torch.stack([before, now], 2)  # O,C,2,kh,kw: the earlier frame first
@@ -68,8 +68,9 @@ class MemBlock(nn.Module):
                              conv(n_out, n_out), nn.ReLU(inplace=True), conv(n_out, n_out))
 
     def forward(self, x, past=None, frames=None):
-        h = self.conv[0](x, past, frames)
-        for layer in self.conv[1:]:
+        first, *rest = self.conv  # (slicing the Sequential would build a new module each forward)
+        h = first(x, past, frames)
+        for layer in rest:
             h = layer(h)
         h += self.skip(x)  # in place on the last convolution's output: one tensor fewer
         return self.act(h)

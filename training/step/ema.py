@@ -15,6 +15,7 @@ class WeightEMA:
     def __init__(self, weights: dict[str, torch.Tensor], decay: float, device: torch.device):
         self.decay, self.device = decay, torch.device(device)
         self.shadow = {k: v.detach().float().to(self.device).clone() for k, v in weights.items()}
+        self.blended: tuple[list, list] | None = None  # (averages, the tensors they follow): step() without DeepSpeed
 
     @torch.no_grad()
     def update(self, weights: dict[str, torch.Tensor]) -> None:
@@ -24,11 +25,22 @@ class WeightEMA:
         torch._foreach_lerp_([self.shadow[n] for n in names],
                              [weights[n].detach().to(self.device, torch.float32) for n in names], 1 - self.decay)
 
+    @torch.no_grad()
     def step(self, accelerator, model) -> None:
-        """After an optimizer step: blend in the optimizer's fp32 weights (a gather under DeepSpeed)."""
-        from training.step.weights import master_weights
+        """After an optimizer step: blend in the optimizer's fp32 weights. Without DeepSpeed those are
+        the parameters themselves, listed once (a walk of the module and two views per tensor each
+        step cost more host time than the lerp: scripts/host_cost.py); under ZeRO-3 its masters,
+        gathered each step."""
+        from training.step.weights import live_weights, master_weights
 
-        self.update(master_weights(accelerator, model))
+        live = live_weights(accelerator, model) if self.blended is None and accelerator.state.deepspeed_plugin is None else None
+        if live is not None:
+            names = [n for n in self.shadow if n in live]
+            self.blended = [self.shadow[n] for n in names], [live[n] for n in names]
+        if self.blended is None:  # DeepSpeed's masters
+            self.update(master_weights(accelerator, model))
+            return
+        torch._foreach_lerp_(*self.blended, 1 - self.decay)
 
     def state_dict(self) -> dict:
         return {"decay": self.decay, "shadow": self.shadow}
@@ -38,6 +50,7 @@ class WeightEMA:
         training device, or every later update would copy every parameter to the host."""
         self.decay = state["decay"]
         self.shadow = {k: v.to(self.device, torch.float32).clone() for k, v in state["shadow"].items()}
+        self.blended = None  # new averages: step() lists them again
 
 
 class PartitionedEMA:

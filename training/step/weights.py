@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 
+import torch
+
 from training.base.unwrap import unwrap
 
 
@@ -25,6 +27,18 @@ def master_weights(accelerator, model) -> dict:
     # frozen parts (train_encoder/train_decoder=false): their starting fp32 values, unchanged
     weights.update({name: value.to(accelerator.device) for name, value in student.frozen_weights.items()})
     return weights
+
+
+def live_weights(accelerator, model) -> dict | None:
+    """What master_weights reads, as tensors that follow the training, where there are such: without
+    DeepSpeed, the fp32 parameters themselves (not views: a parameter whose data is replaced is still
+    read right) and the frozen weights' fp32 values on the device (constant). None otherwise."""
+    student = unwrap(accelerator, model)
+    trained = {name: param for name, param in student.taehv.named_parameters() if name not in student.frozen_weights}
+    if (accelerator.state.deepspeed_plugin is not None or any(True for _ in student.taehv.buffers())
+            or any(param.dtype != torch.float32 for param in trained.values())):
+        return None
+    return {**trained, **{name: value.to(accelerator.device) for name, value in student.frozen_weights.items()}}
 
 
 def full_state_dict(accelerator, model) -> dict:
