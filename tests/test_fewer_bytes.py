@@ -113,3 +113,33 @@ def test_no_in_place_op_on_a_view_costs_the_students_backward_a_copy_of_an_activ
     in_place = values_and_gradients(lambda v: block(v, frames=5), x, block.conv[0])
     for a, b in zip(out_of_place, in_place):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("sets, nhwc", [([], True), (["accelerate_config=deepspeed_1gpu.yaml"], False)], ids=["one process", "ZeRO-2"])
+def test_the_trainers_weights_take_the_activations_layout_so_no_gradient_is_copied_back(sets, nhwc):
+    """In channels_last (the GPU profiles) without DeepSpeed the trainer's student holds its weights
+    in NHWC: each gradient then arrives in its weight's layout and autograd keeps it as it is, where an
+    NCHW weight had 49 of its gradients copied back each backward (and cuDNN converted each weight in
+    every forward). Left: UpsamplingConv's 3, whose 4x4 kernel is summed from the weight. Under
+    DeepSpeed the weights stay NCHW: its engine views each parameter as bytes when it starts."""
+    from training.config.load import load_config
+    from training.loop.build import build_model
+
+    config = load_config("1gpu_h100", ["height=32", "width=32", "n_frames=9", "pretrained_model_path=", *sets], 1, check_paths=False)
+    student = build_model(config)
+    weights = {name: p for name, p in student.named_parameters() if p.dim() == 4}
+    layout = torch.channels_last if nhwc else torch.contiguous_format  # (a 1x1 kernel is both)
+    assert all(p.is_contiguous(memory_format=layout) for p in weights.values())
+    if not nhwc:
+        assert not all(p.is_contiguous(memory_format=torch.channels_last) for p in weights.values())
+        return
+    def strides(tensor):  # those that set the layout: a dim of size 1 has any stride
+        return [stride for size, stride in zip(tensor.shape, tensor.stride()) if size > 1]
+
+    copied = []
+    for name, weight in weights.items():
+        weight.register_hook(lambda grad, name=name, weight=weight: copied.append(name) if strides(grad) != strides(weight) else None)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        outputs = student(torch.rand(1, 9, 3, 32, 32), torch.randn(1, 3, student.taehv.latent_channels, 4, 4), True, False, True)
+    sum(output.float().square().mean() for output in outputs.values()).backward()
+    assert len(copied) == 3 and all(isinstance(student.get_submodule(name.removesuffix(".weight")), UpsamplingConv) for name in copied), copied

@@ -384,7 +384,10 @@ def test_production_and_ddp_files_train_with_two_cpu_processes(accelerate_file, 
     backbone, heads = save_random_lpips_weights(tmp_path / "lpips")
     sets = [f"data_root={synthetic_clips}", f"accelerate_config={accelerate_file}", "seraena_weight=0.1", "n_frames=8",
             "batch_size_per_gpu=2", f"gradient_accumulation_steps={accumulation}", f"lpips_backbone_path={backbone}",
-            f"lpips_weights_path={heads}", *LATE_LOCAL_TERMS, *schedule]
+            f"lpips_weights_path={heads}", *LATE_LOCAL_TERMS, *schedule,
+            # the GPU files run as the GPU profiles do, in channels_last: under DDP the weights are NHWC
+            # too, under ZeRO they stay NCHW (DeepSpeed views each parameter as bytes at its start)
+            *([] if fp32_ddp else ["channels_last=true"])]
     common = [LAUNCHER, "2", "test", "--output-dir", str(run_dir), *(arg for item in sets for arg in ("--set", item))]
     # the checkpoint write fails where a full disk would: in rank 1's own file of the checkpoint, after
     # every gather of the save (ZeRO), or under DDP in its write probe

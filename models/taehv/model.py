@@ -89,15 +89,20 @@ class TAEHV(nn.Module):
 
     def set_fast_path(self, channels_last: bool = False, compile_backend: str = "") -> "TAEHV":
         """Parallel encode/decode with NHWC activations and/or through torch.compile (backend name,
-        '' = eager). Same values to float rounding; the weights' values and names do not change (only
-        their layout, NHWC with `channels_last`), so checkpoints and exports are unaffected. The sequential (streaming) path stays eager."""
+        '' = eager). Same values to float rounding; the weights and their names do not change, so
+        checkpoints and exports are unaffected. The sequential (streaming) path stays eager."""
         self.channels_last = channels_last
-        # the weights in the activations' layout: else cuDNN converts each weight in every forward and
-        # autograd copies each gradient back to NCHW (set in place: a fake tensor cannot be swapped by .to())
-        for weight in self.parameters() if channels_last else ():
+        self.parallel_runner = torch.compile(run_parallel, backend=compile_backend) if compile_backend else run_parallel
+        return self
+
+    def weights_to_channels_last(self) -> "TAEHV":
+        """The convolutions' weights in NHWC, the layout of channels_last activations: else cuDNN
+        converts each weight in every forward and autograd copies each gradient back to NCHW. Values
+        and names do not change. Not for a DeepSpeed engine, which views each parameter as bytes
+        (NCHW only) and flattens them anyway. In place: a fake tensor cannot be swapped by .to()."""
+        for weight in self.parameters():
             if weight.dim() == 4:
                 weight.data = weight.data.contiguous(memory_format=torch.channels_last)
-        self.parallel_runner = torch.compile(run_parallel, backend=compile_backend) if compile_backend else run_parallel
         return self
 
     # frame bookkeeping (TAEHVArgs holds the arithmetic; see the package docstring) ----------------

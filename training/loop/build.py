@@ -142,6 +142,8 @@ def build_model(config: TrainConfig) -> Student:
         taehv = TAEHV(student_of(config))  # decoder output bias starts at 0.5
     taehv.set_gradient_checkpointing(config.gradient_checkpointing)
     taehv.set_fast_path(config.channels_last, config.compile_backend if config.compile else "")
+    if config.channels_last and config.zero_stage == 0:  # DDP or one process (build_accelerator checks the engine)
+        taehv.weights_to_channels_last()
     student = Student(taehv.train())
     if config.adaptive_adversarial:
         student.tap_last_layer()
