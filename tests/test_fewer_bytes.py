@@ -143,3 +143,28 @@ def test_the_trainers_weights_take_the_activations_layout_so_no_gradient_is_copi
         outputs = student(torch.rand(1, 9, 3, 32, 32), torch.randn(1, 3, student.taehv.latent_channels, 4, 4), True, False, True)
     sum(output.float().square().mean() for output in outputs.values()).backward()
     assert len(copied) == 3 and all(isinstance(student.get_submodule(name.removesuffix(".weight")), UpsamplingConv) for name in copied), copied
+
+
+def test_moments_saved_in_nchw_are_resumed_in_their_nhwc_weights_layout():
+    """A checkpoint of NCHW weights (DeepSpeed, or before the one-GPU weights went NHWC) resumed into
+    NHWC weights: its moments load as saved, and the fused AdamW walks them in the weight's memory
+    order, which mixes elements (checked here first); state_in_parameter_layout gives the step of
+    the same weights held in NCHW."""
+    from training.step.optimizer import state_in_parameter_layout
+
+    torch.manual_seed(0)
+    start, gradient, exp_avg, exp_avg_sq = torch.randn(4, 6, 3, 3), torch.randn(4, 6, 3, 3), torch.randn(4, 6, 3, 3), torch.rand(4, 6, 3, 3)
+
+    def stepped(layout, align):
+        weight = torch.nn.Parameter(start.clone(memory_format=layout))
+        optimizer = torch.optim.AdamW([weight], lr=0.1, fused=True)
+        weight.grad = gradient.contiguous(memory_format=layout)
+        optimizer.state[weight] = {"step": torch.tensor(3.0), "exp_avg": exp_avg.clone(), "exp_avg_sq": exp_avg_sq.clone()}
+        if align:
+            state_in_parameter_layout(optimizer)
+        optimizer.step()
+        return weight.detach()
+
+    expected = stepped(torch.contiguous_format, align=False)
+    assert not torch.allclose(stepped(torch.channels_last, align=False), expected)
+    assert torch.equal(stepped(torch.channels_last, align=True), expected)

@@ -60,3 +60,14 @@ def build_optimizer(config: TrainConfig, model):
         fused=True,
     )
     return optimizer, build_lr_scheduler(optimizer, config.lr_scheduler, config.warmup_steps, config.max_steps)
+
+
+def state_in_parameter_layout(optimizer) -> None:
+    """Each AdamW moment in its parameter's memory layout, after a resume. A checkpoint written with
+    NCHW weights (by DeepSpeed, or before the one-GPU weights went NHWC) loads its moments as saved,
+    and the fused AdamW walks a moment's memory in its parameter's order: a layout apart, it would
+    mix elements. (Under DeepSpeed the state is flat: nothing to do.)"""
+    for param, state in getattr(optimizer, "optimizer", optimizer).state.items():
+        for key, value in state.items():
+            if torch.is_tensor(value) and value.shape == param.shape and value.stride() != param.stride():
+                state[key] = torch.empty_like(param, dtype=value.dtype).copy_(value)
