@@ -114,7 +114,8 @@ class ReplayBuffer:
 
     Every entry lives in one slab of capacity x entry_bytes, allocated once, at the first entry
     (host_slab: pinned on CUDA, exactly that size, which the plan's host line counts): slot i holds
-    the fake's bytes, then the context's (at an even offset). Entries of a smaller shape (aspect
+    the fake's bytes, then the context's (at an even offset). A batch of entries arrives through a
+    staging slab of its size (the plan's "replay staging" line), in one copy. Entries of a smaller shape (aspect
     buckets) use the start of their slot. `entry_bytes`: a slot's size, the largest entry the run
     makes (training/step/seraena.py replay_pair_bytes at the largest bucket); None: the first
     entry's. `pin_memory`: pin the slab (a run on CUDA); entries from a CUDA device pin it too."""
@@ -126,6 +127,8 @@ class ReplayBuffer:
         self.pin_memory = pin_memory
         self.slab: torch.Tensor | None = None
         self.shapes: list[tuple[torch.Size, torch.Size]] = []  # per filled slot: (fake shape, context shape)
+        self.staging: torch.Tensor | None = None  # the latest batch's rows, host_slab'd like the slab
+        self.pending = None  # (their rows in the staging, their slots) until the buffer is next read
         self.copied = None  # CUDA event of the last asynchronous device-to-host copy
 
     def __len__(self) -> int:
@@ -146,6 +149,7 @@ class ReplayBuffer:
 
     def entry(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The (fake, context) held in `slot`: views into the slab."""
+        self.wait_for_copies()
         fake_shape, context_shape = self.shapes[slot]
         offset, size = self.layout(fake_shape, context_shape)
         start = slot * self.entry_bytes
@@ -160,39 +164,56 @@ class ReplayBuffer:
     def contexts(self) -> list[torch.Tensor]:
         return [self.entry(slot)[1] for slot in range(len(self))]
 
-    def _store(self, slot: int, fake: torch.Tensor, context: torch.Tensor) -> None:
-        size = self.layout(fake.shape, context.shape)[1]
+    def add(self, fakes: torch.Tensor, contexts: torch.Tensor) -> None:
+        """Each entry's slot is drawn in turn (the next free one, then a random one). Their bytes
+        travel packed as slot rows in one device-to-host copy into the staging slab (pinned, and
+        asynchronous, on CUDA), and reach their slots when the buffer is next read (wait_for_copies:
+        one optimizer step later, long finished). One copy, not two per entry."""
+        fakes, contexts = self.compact(fakes, contexts)
+        self.wait_for_copies()  # the previous entries are in their slots: the staging is free
+        count, shapes = fakes.shape[0], (fakes.shape[1:], contexts.shape[1:])
+        offset, size = self.layout(*shapes)
+        pinned = self.pin_memory or fakes.is_cuda
         if self.slab is None:
             self.entry_bytes = self.entry_bytes or size
-            self.slab = host_slab(self.capacity * self.entry_bytes, self.pin_memory or fake.is_cuda)
+            self.slab = host_slab(self.capacity * self.entry_bytes, pinned)
         if size > self.entry_bytes:
-            raise ValueError(f"replay buffer: an entry of {size:,} bytes (frame group {tuple(fake.shape)}, context "
-                             f"{tuple(context.shape)}) exceeds its slot of {self.entry_bytes:,} bytes: the slot size "
+            raise ValueError(f"replay buffer: an entry of {size:,} bytes (frame group {tuple(shapes[0])}, context "
+                             f"{tuple(shapes[1])}) exceeds its slot of {self.entry_bytes:,} bytes: the slot size "
                              "must be the run's largest entry (training/step/seraena.py replay_pair_bytes)")
-        shapes = (fake.shape, context.shape)
-        if slot == len(self.shapes):
-            self.shapes.append(shapes)
-        else:
-            self.shapes[slot] = shapes
-        held_fake, held_context = self.entry(slot)
-        held_fake.copy_(fake, non_blocking=fake.is_cuda)
-        held_context.copy_(context, non_blocking=context.is_cuda)
-
-    def add(self, fakes: torch.Tensor, contexts: torch.Tensor) -> None:
-        """On CUDA the device-to-host copies run asynchronously into the pinned slab; the host waits
-        for them only when it next reads the buffer (one optimizer step later, long finished)."""
-        fakes, contexts = self.compact(fakes, contexts)
-        for fake, context in zip(fakes, contexts):
+        if self.staging is None or self.staging.numel() < count * size:
+            self.staging = host_slab(count * self.entry_bytes, pinned)  # a batch of the largest entries fits again
+        slots = []
+        for _ in range(count):
             slot = len(self) if len(self) < self.capacity else self.rng.randrange(self.capacity)
-            self._store(slot, fake, context)
+            if slot == len(self):
+                self.shapes.append(shapes)
+            else:
+                self.shapes[slot] = shapes
+            slots.append(slot)
+        rows = [fakes.reshape(count, -1), contexts.reshape(count, -1).view(torch.uint8)]
+        if offset > rows[0].shape[1]:  # the context at an even offset
+            rows.insert(1, rows[0].new_zeros(count, offset - rows[0].shape[1]))
+        staged = self.staging[: count * size].view(count, size)
+        staged.copy_(torch.cat(rows, 1), non_blocking=fakes.is_cuda)
+        self.pending = staged, slots
         if fakes.is_cuda:
             self.copied = torch.cuda.Event()
             self.copied.record()
 
     def wait_for_copies(self) -> None:
+        """The latest entries into their slots, once their copy has arrived (a slot drawn twice in one
+        batch holds the later entry, as writing them in turn would)."""
         if self.copied is not None:
             self.copied.synchronize()
             self.copied = None
+        if self.pending is None:
+            return
+        staged, slots = self.pending
+        self.pending = None
+        latest = {slot: row for row, slot in enumerate(slots)}
+        rows = staged if len(latest) == len(slots) else staged[list(latest.values())]
+        self.slab.view(self.capacity, self.entry_bytes)[:, : staged.shape[1]].index_copy_(0, torch.tensor(list(latest)), rows)
 
     def sample(self, count: int, like: torch.Size | None = None, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor] | None:
         """(fakes in [0, 1], contexts) as float32 on `device`; with `like`, drawn among the fakes of
@@ -234,8 +255,8 @@ class ReplayBuffer:
             entries = [saved.entry(slot) for slot in range(len(saved))]
         else:
             entries = list(zip(state["fakes"], state["contexts"]))
-        for fake, context in entries[: self.capacity]:
-            self._store(len(self), *self.compact(fake, context))
+        for fake, context in entries[: self.capacity]:  # into the next free slot each (no draw: not full)
+            self.add(fake.unsqueeze(0), context.unsqueeze(0))
 
 
 class Seraena(nn.Module):

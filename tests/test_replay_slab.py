@@ -15,7 +15,7 @@ from training.config.load import load_config
 from training.config.views import at_largest_bucket, student_of
 from training.loop.build import build_seraena
 from training.plan.memory import GB, estimate_memory
-from training.step.seraena import replay_capacity, replay_pair_bytes
+from training.step.seraena import replay_capacity, replay_pair_bytes, replay_staging_bytes
 
 BUCKETS = ((24, 40), (40, 24), (32, 32))
 
@@ -41,7 +41,7 @@ def steps(seraena, taehv, shapes, generator):
 @pytest.mark.parametrize("buckets", [(), BUCKETS], ids=["one shape", "aspect buckets"])
 def test_the_replay_buffer_holds_one_slab_of_what_the_plan_counts(buckets, monkeypatch):
     """The buffer allocates once, capacity x the largest entry (host_slab, the call that pins on
-    CUDA), at its first entry; the bytes it holds are the plan's host line from then on, while
+    CUDA), at its first entry, and a staging slab for a step's entries; the bytes it holds are the plan's host line from then on, while
     entries are added, replace others (the capacity is 6 entries, each step adds 2: 10 in all) and come in
     several shapes."""
     sets = ["seraena_weight=0.1", "batch_size_per_gpu=2", "seraena_buffer_size=6"]
@@ -51,7 +51,9 @@ def test_the_replay_buffer_holds_one_slab_of_what_the_plan_counts(buckets, monke
     largest = at_largest_bucket(config)
     planned = (replay_capacity(largest, taehv.patch_size, taehv.latent_channels)
                * replay_pair_bytes(largest, taehv.patch_size, taehv.latent_channels))  # capacity x the largest entry
+    staging = replay_staging_bytes(largest, taehv.patch_size, taehv.latent_channels)  # a step's 2 fakes on their way in
     assert estimate_memory(config).host["replay buffer"] == planned / GB
+    assert estimate_memory(config).host["replay staging"] == staging / GB == 2 * planned / 6 / GB
     allocations = []
     real_slab = getattr(models.seraena, "host_slab", None)
     monkeypatch.setattr(models.seraena, "host_slab", lambda nbytes, pinned: allocations.append((nbytes, pinned))
@@ -61,10 +63,10 @@ def test_the_replay_buffer_holds_one_slab_of_what_the_plan_counts(buckets, monke
     shapes = list(buckets) or [(32, 32)]
     generator = torch.Generator().manual_seed(0)
     steps(seraena, taehv, shapes[:1], generator)
-    assert len(buffer) == 2 and held_bytes(buffer) == planned
+    assert len(buffer) == 2 and held_bytes(buffer) == planned + staging
     steps(seraena, taehv, (shapes * 4)[:4], generator)  # full, then replacing random slots
-    assert len(buffer) == 6 and held_bytes(buffer) == planned
-    assert allocations == [(planned, False)]  # one slab, pinned only on CUDA
+    assert len(buffer) == 6 and held_bytes(buffer) == planned + staging
+    assert allocations == [(planned, False), (staging, False)]  # the slab and the staging, pinned only on CUDA
     # each slot gives back the entry of its shape, and a checkpoint of it loads into a new buffer alike
     fakes = buffer.fakes
     assert {tuple(fake.shape[1:]) for fake in fakes} == set(shapes) and all(f.dtype == torch.uint8 for f in fakes)
@@ -76,7 +78,22 @@ def test_the_replay_buffer_holds_one_slab_of_what_the_plan_counts(buckets, monke
     again = models.seraena.ReplayBuffer(buffer.capacity, random.Random(0), buffer.entry_bytes)
     again.load_state_dict(state)
     assert all(torch.equal(a, b) for a, b in zip(again.fakes + again.contexts, buffer.fakes + buffer.contexts))
-    assert held_bytes(again) == planned
+    assert held_bytes(again) == planned + buffer.entry_bytes  # loaded entry by entry: a staging of one
+
+
+def test_a_batch_arrives_in_one_copy_and_a_slot_drawn_twice_holds_the_later_entry():
+    """A full buffer replaces random slots; a batch's entries travel together and are put in their
+    slots at the next read, with what writing them in turn would leave (6 draws into 2 slots repeat)."""
+    buffer = models.seraena.ReplayBuffer(2, random.Random(1))
+    held = list(torch.rand(2, 9, 4, 4))
+    buffer.add(torch.stack(held), torch.randn(2, 4, 1, 1))
+    draws = random.Random()
+    draws.setstate(buffer.rng.getstate())
+    fakes = torch.rand(6, 9, 4, 4)
+    buffer.add(fakes, torch.randn(6, 4, 1, 1))
+    for fake in fakes:
+        held[draws.randrange(2)] = fake
+    assert torch.equal(torch.stack(buffer.fakes), (torch.stack(held) * 255).round().to(torch.uint8))
 
 
 def test_an_entry_larger_than_its_slot_is_refused_with_the_sizes():

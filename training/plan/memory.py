@@ -25,7 +25,8 @@ arithmetic on the parameter count and the accelerate file's engine:
 
 Host per rank: the Seraena replay buffer (uint8 frame groups, bf16 contexts; its capacity is
 capped by seraena_buffer_gb; one slab of capacity x entry bytes at the largest bucket, pinned on
-CUDA, allocated whole at its first entry), the batches the data workers hold, and a process baseline.
+CUDA, allocated whole at its first entry, and a staging slab for one step's fakes), the batches the
+data workers hold, and a process baseline.
 Checkpoint: weights, optimizer state, EMA, and every rank's replay buffer (one file per rank).
 The reference VAE's encode of one batch, when it runs on the fly, is measured the same way (its
 published architecture from diffusers, bf16): it runs before the student's step and is freed
@@ -48,7 +49,7 @@ from models.reference_families import FAMILY
 from training.config.schema import measured_keys
 from training.config.terms import needs_module
 from training.config.views import at_largest_bucket, measured_geometry, measured_values, student_of
-from training.step.seraena import replay_buffer_bytes
+from training.step.seraena import replay_buffer_bytes, replay_staging_bytes
 
 GB = 1e9
 
@@ -296,9 +297,11 @@ def estimate_memory(config) -> MemoryEstimate:
 
     # what the buffer's slab allocates, and pins on CUDA, at its first entry (not rounded up: registered in place)
     buffer = replay_buffer_bytes(config, model.patch_size, model.latent_channels) if needs_module(config, "seraena") else 0
+    staging = replay_staging_bytes(config, model.patch_size, model.latent_channels) if needs_module(config, "seraena") else 0
     clip_bytes = config.n_frames * 3 * config.height * config.width
     estimate.host = {
         "replay buffer": buffer / GB,
+        "replay staging": staging / GB,  # a step's fakes on their way in (pinned like the slab)
         "data in flight": max(1, config.num_workers) * config.prefetch_factor * config.batch_size_per_gpu * clip_bytes * 2 / GB,
         "process": HOST_BASELINE_GB,
     }

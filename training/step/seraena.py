@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from models.metrics import aligned
 from models.seraena import Seraena, group_frames, video_context
+from training.config.views import student_of
 
 COLLAPSED_LOSS = 1e-3  # MSE of the scores against +-1: below it the discriminator tells every fake apart
 
@@ -137,6 +138,14 @@ def replay_capacity(config, patch_size: int, latent_channels: int) -> int:
     """seraena_buffer_size, capped so the buffer stays within seraena_buffer_gb of host memory per rank."""
     fitting = int(config.seraena_buffer_gb * GB // replay_pair_bytes(config, patch_size, latent_channels))
     return max(1, min(config.seraena_buffer_size, fitting))
+
+
+def replay_staging_bytes(config, patch_size: int, latent_channels: int) -> int:
+    """Host bytes of the staging slab one discriminator step's fakes travel through (ReplayBuffer.add):
+    a slot for each frame group of each clip's decode."""
+    student = student_of(config)
+    groups = student.decoded_frame_count(student.latent_frame_count(config.n_frames)) // 3
+    return config.batch_size_per_gpu * groups * replay_pair_bytes(config, patch_size, latent_channels)
 
 
 def replay_buffer_bytes(config, patch_size: int, latent_channels: int) -> int:
