@@ -115,8 +115,8 @@ class ReplayBuffer:
     Every entry lives in one slab of capacity x entry_bytes, allocated once, at the first entry
     (host_slab: pinned on CUDA, exactly that size, which the plan's host line counts): slot i holds
     the fake's bytes, then the context's (at an even offset). A batch of entries arrives through a
-    staging slab of its size (the plan's "replay staging" line), in one copy. Entries of a smaller shape (aspect
-    buckets) use the start of their slot. `entry_bytes`: a slot's size, the largest entry the run
+    staging slab of its size (the plan's "replay staging" line), in one copy. Entries of a smaller
+    shape (aspect buckets) use the start of their slot. `entry_bytes`: a slot's size, the largest entry the run
     makes (training/step/seraena.py replay_pair_bytes at the largest bucket); None: the first
     entry's. `pin_memory`: pin the slab (a run on CUDA); entries from a CUDA device pin it too."""
 

@@ -99,11 +99,8 @@ class TAEHV(nn.Module):
         """The convolutions' weights in NHWC, the layout of channels_last activations: else cuDNN
         converts each weight in every forward and autograd copies each gradient back to NCHW. Values
         and names do not change. Not for a DeepSpeed engine, which views each parameter as bytes
-        (NCHW only) and flattens them anyway. In place: a fake tensor cannot be swapped by .to()."""
-        for weight in self.parameters():
-            if weight.dim() == 4:
-                weight.data = weight.data.contiguous(memory_format=torch.channels_last)
-        return self
+        (NCHW only) and flattens them anyway."""
+        return self.to(memory_format=torch.channels_last)
 
     # frame bookkeeping (TAEHVArgs holds the arithmetic; see the package docstring) ----------------
     def latent_frame_count(self, n_frames: int) -> int:

@@ -90,13 +90,14 @@ def check_deepspeed_batch(accelerator, config: TrainConfig) -> None:
                            "leave these keys out of the accelerate file")
 
 
-def check_finiteness_once(model) -> bool:
+def check_finiteness_once(model) -> None:
     """ZeRO-1/2 in bf16 checks a step's gradients for inf and NaN twice: a scan of every gradient
     partition (an op per gradient, an all-reduce and a host read: 1,677 ops a step at taew2_1) and
     then the global norm it computes anyway for clipping. The norm is all-reduced, so every rank reads
     the same value, and any inf or NaN element makes it non-finite: its check alone skips the same
     steps on every rank, and the scan is dropped. ZeRO-3 in bf16 checks only the norm already. Applied
-    only where this DeepSpeed's step still checks the norm (else the scan stays); returns whether it was."""
+    only where this DeepSpeed's step still checks the norm (else the scan stays); the run's first line
+    says where it is (engine_note)."""
     import inspect
 
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
@@ -105,9 +106,8 @@ def check_finiteness_once(model) -> bool:
     if not (isinstance(optimizer, DeepSpeedZeroOptimizer) and optimizer.dtype == torch.bfloat16
             and optimizer.check_grad_overflow and optimizer.compute_grad_norm and not optimizer.cpu_offload
             and "is_invalid_grad_norm(scaled_global_grad_norm)" in inspect.getsource(DeepSpeedZeroOptimizer.step)):
-        return False
+        return
     optimizer.check_overflow = lambda partition_gradients=True: None  # self.overflow stays False until the norm's check
-    return True
 
 
 def configure_cuda(config: TrainConfig) -> None:

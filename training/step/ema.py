@@ -33,7 +33,7 @@ class WeightEMA:
         gathered each step."""
         from training.step.weights import live_weights, master_weights
 
-        live = live_weights(accelerator, model) if self.blended is None and accelerator.state.deepspeed_plugin is None else None
+        live = live_weights(accelerator, model) if self.blended is None else None
         if live is not None:
             names = [n for n in self.shadow if n in live]
             self.blended = [self.shadow[n] for n in names], [live[n] for n in names]

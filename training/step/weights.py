@@ -33,10 +33,11 @@ def live_weights(accelerator, model) -> dict | None:
     """What master_weights reads, as tensors that follow the training, where there are such: without
     DeepSpeed, the fp32 parameters themselves (not views: a parameter whose data is replaced is still
     read right) and the frozen weights' fp32 values on the device (constant). None otherwise."""
+    if accelerator.state.deepspeed_plugin is not None:
+        return None
     student = unwrap(accelerator, model)
     trained = {name: param for name, param in student.taehv.named_parameters() if name not in student.frozen_weights}
-    if (accelerator.state.deepspeed_plugin is not None or any(True for _ in student.taehv.buffers())
-            or any(param.dtype != torch.float32 for param in trained.values())):
+    if any(True for _ in student.taehv.buffers()) or any(param.dtype != torch.float32 for param in trained.values()):
         return None
     return {**trained, **{name: value.to(accelerator.device) for name, value in student.frozen_weights.items()}}
 
