@@ -309,7 +309,7 @@ def host_costs(profile: str, vae_folder: Path, work: Path, extra_sets: list[str]
     report = work / "ours.json"
     report.unlink(missing_ok=True)
     shutil.rmtree(work / "run", ignore_errors=True)  # a fresh run each time
-    command = [sys.executable, str(repo / "training" / "base" / "launch.py"), "--config_file",
+    command = [sys.executable, "-m", "training.base.launch", "--config_file",
                str(repo / "accelerate_configs" / config.accelerate_config), "--num_processes", "1", "--num_machines", "1",
                "--machine_rank", "0", "--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port()),
                str(Path(__file__).resolve()), "--worker", str(report), *map(str, (*notebook, vae_folder)), "--config", profile, "--output-dir", str(work / "run"),

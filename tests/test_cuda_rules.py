@@ -129,7 +129,7 @@ def test_zero2_bf16_with_two_processes_keeps_cudas_rules_and_survives_the_adapti
             "encoder_weight=0.1", "decoder_weight=0.1", "perceptual_weight=0.1", f"lpips_backbone_path={backbone}",
             f"lpips_weights_path={heads}", "temporal_weight=0.1", "seraena_weight=0.1", "seraena_schedule=(1,0)",
             "adaptive_adversarial=true", "max_steps=3", "validation_steps=3", "checkpointing_steps=3"]
-    command = [sys.executable, str(REPO_ROOT / "training" / "base" / "launch.py"), "--config_file",
+    command = [sys.executable, "-m", "training.base.launch", "--config_file",
                str(REPO_ROOT / "accelerate_configs" / "deepspeed_8gpu.yaml"), "--num_processes", "2", "--num_machines", "1",
                "--machine_rank", "0", "--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port()),
                str(REPO_ROOT / "training" / "taehv_train.py"), "--config", "test", "--output-dir", str(run_dir),
