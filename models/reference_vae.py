@@ -85,6 +85,44 @@ def reference_architecture(family: str, geometry: VAEGeometry | None = None, pat
     return vae_geometry.build_vae(vae_geometry.read_vae_config(path))
 
 
+WAN_FRAMES_PER_PASS = 8  # diffusers' Wan encode takes 4; twice that at most doubles its working memory
+
+
+def encodes_in_fewer_passes(vae: nn.Module) -> bool:
+    """Whether wan_encode_in_fewer_passes applies: diffusers' AutoencoderKLWan whose own encode runs
+    its encoder on 4 frames at a time with the cache that function drives (read from its source
+    once: another diffusers keeps its own encode)."""
+    import inspect
+
+    return type(vae).__name__ == "AutoencoderKLWan" and "_enc_feat_map" in inspect.getsource(type(vae)._encode)
+
+
+def wan_encode_in_fewer_passes(vae: nn.Module, x: torch.Tensor):
+    """AutoencoderKLWan.encode with its encoder run on the first frame, then on WAN_FRAMES_PER_PASS
+    frames at a time, where diffusers' _encode takes 4 after the first. The same latents: across
+    passes only the causal convolutions (their last 2 input frames) and the time downsampling (its
+    last frame, stride 2 over a multiple of 4 frames) carry state, and one convolution over more
+    frames reads the same windows; the norms, attention and spatial layers work per frame. The
+    first frame stays alone: its pass skips the time downsampling. Fewer, larger kernels (2 passes
+    where diffusers makes 3 at 9 frames, 3 for 5 at 17); the plan measures the larger working memory
+    (training/plan/memory.py), and ref_vae_tiling=true keeps diffusers' own pieces."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import patchify
+    from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
+    from diffusers.models.modeling_outputs import AutoencoderKLOutput
+
+    frames = 1 + 4 * ((x.shape[2] - 1) // 4)  # as diffusers: the frames past its last 4-frame piece are left out
+    vae.clear_cache()
+    if vae.config.patch_size is not None:
+        x = patchify(x, patch_size=vae.config.patch_size)  # spatial: the frames stay
+    outputs = []
+    for start, end in [(0, 1), *((s, min(s + WAN_FRAMES_PER_PASS, frames)) for s in range(1, frames, WAN_FRAMES_PER_PASS))]:
+        vae._enc_conv_idx = [0]
+        outputs.append(vae.encoder(x[:, :, start:end], feat_cache=vae._enc_feat_map, feat_idx=vae._enc_conv_idx))
+    moments = vae.quant_conv(torch.cat(outputs, 2))
+    vae.clear_cache()
+    return AutoencoderKLOutput(latent_dist=DiagonalGaussianDistribution(moments))
+
+
 class ReferenceVAE(nn.Module):
     """Frozen diffusers video VAE. encode: N,T,3,H,W [0, 1] -> N,t,C,h,w; decode: the reverse.
     `family` is one of FAMILIES, or the class name of a VAE measured into `geometry`
@@ -107,6 +145,7 @@ class ReferenceVAE(nn.Module):
         self.sample_latents = sample_latents
         self.memory_format = torch.contiguous_format  # set_channels_last() changes it
         self.compiled_encode = None  # compile_encode() sets it
+        self.fewer_passes = encodes_in_fewer_passes(vae)
         self.latent_space = (vae_geometry.resolve_latent_space(geometry, latent_space) if geometry is not None
                              else resolve_latent_space(family, latent_space))
         shift, scale = latent_space_transform(vae, self.latent_space)
@@ -158,7 +197,7 @@ class ReferenceVAE(nn.Module):
     def compile_encode(self, backend: str) -> "ReferenceVAE":
         """The VAE's own encode through torch.compile (ref_vae_compile): the first encode of each shape
         compiles; the pixel conversion, the latent sample with its generator and the checks stay eager."""
-        self.compiled_encode = torch.compile(self.vae.encode, backend=backend)
+        self.compiled_encode = torch.compile(self._vae_encode, backend=backend)
         return self
 
     def _latent_dist(self, video: torch.Tensor):
@@ -166,7 +205,15 @@ class ReferenceVAE(nn.Module):
             raise ValueError(f"{video.shape[1]} frames do not suit the {self.family} VAE: use one of "
                              f"{self.valid_frame_counts(50)}")
         x = self._to_vae_pixels(video.permute(0, 2, 1, 3, 4))  # N,C,T,H,W in the VAE's pixel convention
-        return (self.compiled_encode or self.vae.encode)(x.to(self.dtype).contiguous(memory_format=self.memory_format)).latent_dist
+        return (self.compiled_encode or self._vae_encode)(x.to(self.dtype).contiguous(memory_format=self.memory_format)).latent_dist
+
+    def _vae_encode(self, x: torch.Tensor):
+        """The VAE's encode; a Wan VAE's in fewer passes (wan_encode_in_fewer_passes) unless tiling
+        or slicing asks for diffusers' own smaller pieces."""
+        vae = self.vae
+        if self.fewer_passes and not vae.use_tiling and not (vae.use_slicing and x.shape[0] > 1):
+            return wan_encode_in_fewer_passes(vae, x)
+        return vae.encode(x)
 
     def _to_vae_pixels(self, frames: torch.Tensor) -> torch.Tensor:
         """N,C,T,H,W in [0, 1] -> [-1, 1], or ImageNet-normalised for MiniMax H3."""

@@ -81,3 +81,37 @@ def test_a_family_is_one_record_read_without_torch():
         assert family.public_variant in VARIANTS and all(variant in VARIANTS for *_, variant in family.layouts)
         assert family.parameter_count > 1e6
     assert (public_variant("wan"), public_variant("wan", {"z_dim": 48})) == ("taew2_1", "taew2_2")
+
+
+@pytest.mark.parametrize("layout", ["2.1", "2.2"])
+def test_the_wan_encode_in_fewer_passes_gives_diffusers_latents(layout):
+    """Wan's encode runs its encoder on the first frame, then on 8 frames at a time
+    (wan_encode_in_fewer_passes), not 4: the same latents as diffusers' own encode, at frame counts
+    its rule takes and one it trims (11 -> 9), to fp32's rounding (a convolution over more frames may
+    sum in another order: 4e-7 at most measured; a misaligned piece is off by the latents' scale). The trainer's ReferenceVAE
+    takes it from a freshly loaded VAE; tiling keeps diffusers' pieces."""
+    from models.reference_vae import tiny_reference_vae_config, vae_class, wan_encode_in_fewer_passes
+
+    torch.manual_seed(0)
+    vae = vae_class("wan")(**tiny_reference_vae_config("wan", layout)).eval()
+    passes = []
+    vae.encoder.register_forward_pre_hook(lambda module, args: passes.append(args[0].shape[2]))
+    reference = ReferenceVAE(vae, "wan", sample_latents=False)  # before any encode: nothing cached on the VAE yet
+    clips = torch.rand(2, 17, 3, 32, 32)
+    fewer = reference.encode(clips)
+    assert passes == [1, 8, 8]
+    for frames in (1, 5, 9, 13, 11):
+        video = torch.rand(2, 3, frames, 32, 32) * 2 - 1
+        with torch.no_grad():
+            passes.clear()
+            theirs = vae.encode(video).latent_dist
+            assert passes == [1] + [4] * ((frames - 1) // 4)
+            passes.clear()
+            ours = wan_encode_in_fewer_passes(vae, video).latent_dist
+        assert passes == {1: [1], 5: [1, 4], 9: [1, 8], 13: [1, 8, 4], 11: [1, 8]}[frames]
+        torch.testing.assert_close(ours.mean, theirs.mean, rtol=0, atol=1e-5)
+        torch.testing.assert_close(ours.logvar, theirs.logvar, rtol=0, atol=1e-5)
+    vae.enable_tiling()
+    passes.clear()
+    torch.testing.assert_close(reference.encode(clips), fewer, rtol=0, atol=1e-5)
+    assert passes == [1, 4, 4, 4, 4]
