@@ -18,7 +18,8 @@ runs it: the reference VAE's encode on the fly and the weight average every step
   tensor is on it): not counted.
 - **host ms**: the CPU time of the step's thread outside the ops (Python, autograd's and the
   dispatcher's bookkeeping between ops) at a 16x16 crop, less the counter's own cost per op
-  dispatched (measured in the same process, `counter_overhead_s`). Thread CPU time, not wall time:
+  dispatched (measured in the same process, `counter_overhead_s`), with glibc caching freed
+  memory as CUDA's allocator does (CACHING_MALLOC). Thread CPU time, not wall time:
   on a shared machine another process's load stretches the wall clock between ops, not this
   thread's CPU time, so the ratio of the two sides holds from run to run.
 
@@ -68,6 +69,12 @@ WARMUP_STEPS = 2  # lazy initialisation, the first micro-step's warm-up of late 
 COUNTED_STEPS = 9
 THREADS = 1  # intra-op threads of the worker (both sides): they speed the ops' arithmetic, which is not counted
 SHAPE = {"batch": 16, "height": 16, "width": 16}  # the notebook's batch; a crop where the host's time dominates
+# glibc as a caching allocator, as CUDA's is: a GPU reuses freed blocks without a system call, while
+# glibc hands each block above its mmap threshold back to the OS when Python frees the tensor
+# (munmap, between two ops: host time), and faults its pages in again at the next allocation. That
+# cost grows with the tensors, not with the ops a GPU would launch. Below 32 MB (glibc's largest
+# threshold) blocks stay in the heap, which is never trimmed.
+CACHING_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 40), "MALLOC_TOP_PAD_": str(256 << 20)}
 
 
 class HostCounter(TorchDispatchMode):
@@ -314,7 +321,8 @@ def host_costs(profile: str, vae_folder: Path, work: Path, extra_sets: list[str]
                "--machine_rank", "0", "--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port()),
                str(Path(__file__).resolve()), "--worker", str(report), *map(str, (*notebook, vae_folder)), "--config", profile, "--output-dir", str(work / "run"),
                *(arg for item in sets for arg in ("--set", item))]
-    done = subprocess.run(command, cwd=repo, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(THREADS)})
+    done = subprocess.run(command, cwd=repo, capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": str(THREADS), **CACHING_MALLOC})
     if done.returncode != 0 or not report.is_file():
         raise RuntimeError(f"our step's count failed (exit {done.returncode}): {(done.stdout + done.stderr)[-3000:]}")
     costs = json.loads(report.read_text())
