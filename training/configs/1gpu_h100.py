@@ -8,7 +8,8 @@ One process without a sharding engine (ddp_gpu_bf16.yaml: accelerate's bf16 auto
 fused AdamW): ZeRO shards nothing on one GPU, and its bookkeeping is host time a GPU step waits on.
 Counted at the published notebook's recipe (python -m scripts.benchmark_notebook --host, 2026-11-27,
 docs/performance.md#host-cost-per-step): 2,017 kernel-launching ops and 1 sync per step against
-2,624 and 3 under ZeRO-2 (bucket copies, hooks, its norm's reads); the plan
+2,624 and 3 under ZeRO-2 (bucket copies, hooks, its norm's reads), both counted before Wan's
+encode took fewer passes (341 fewer on either: 1,676 in one process now); the plan
 gives 52.8 GB per rank against 53.4 under ZeRO-2. Its step time on an H100 is not measured yet
 (make gpu-check's launch phase runs this profile)."""
 
