@@ -94,7 +94,12 @@ def encodes_in_fewer_passes(vae: nn.Module) -> bool:
     once: another diffusers keeps its own encode)."""
     import inspect
 
-    return type(vae).__name__ == "AutoencoderKLWan" and "_enc_feat_map" in inspect.getsource(type(vae)._encode)
+    if type(vae).__name__ != "AutoencoderKLWan":
+        return False
+    try:
+        return "_enc_feat_map" in inspect.getsource(type(vae)._encode)
+    except (OSError, TypeError, AttributeError):  # no source installed (bytecode only), or no _encode
+        return False
 
 
 def wan_encode_in_fewer_passes(vae: nn.Module, x: torch.Tensor):
