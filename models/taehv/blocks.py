@@ -173,7 +173,13 @@ class UpsamplingConv(nn.Conv2d):
         # the sums in fp32 at least, one rounding to a bf16 weight's dtype; no constant is made on the
         # device (a host-to-device copy each step); transposed layout C_in,C_out,4,4
         weight = self.weight.to(torch.promote_types(self.weight.dtype, torch.float32))
-        kernel = _through_upsampling(_through_upsampling(weight, 2), 3).transpose(0, 1).to(self.weight.dtype)
+        # summed in the weight's own memory order (O,kh,kw,I for NHWC): the gradient then comes back
+        # in its layout, which autograd keeps (another layout is copied into it every backward)
+        if weight.is_contiguous(memory_format=torch.channels_last):
+            kernel = _through_upsampling(_through_upsampling(weight.permute(0, 2, 3, 1), 1), 2).permute(3, 0, 1, 2)
+        else:
+            kernel = _through_upsampling(_through_upsampling(weight, 2), 3).transpose(0, 1)
+        kernel = kernel.to(self.weight.dtype)
         if x.is_contiguous(memory_format=torch.channels_last):
             kernel = kernel.contiguous(memory_format=torch.channels_last)
         return F.conv_transpose2d(x, kernel, self.bias, stride=2, padding=1)
