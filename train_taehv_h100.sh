@@ -139,7 +139,7 @@ run_stages() {
     fi
     local args=("$NGPU" "$PROFILE"); [[ -n "$CONFIG_PATH" ]] && args+=("$CONFIG_PATH")
     args+=(--output-dir "$stage_dir" --resume auto "${SET_ARGS[@]+"${SET_ARGS[@]}"}" --set "stage=$k")
-    [[ -n "$previous" ]] && args+=(--set "pretrained_model_path=$previous/final/taehv.pth")
+    [[ -n "$previous" ]] && args+=(--set "pretrained_model_path=$previous/final")  # the export folder: its <variant>.pth
     (( DEBUG )) && args+=(--debug)
     echo "${BOLD}stage $k ($name, ${entry##*:} steps)${RESET}: $stage_dir"
     "$0" "${args[@]}" &

@@ -3,7 +3,9 @@ process that never builds a model, and models/taehv/ builds modules from them.""
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -197,3 +199,47 @@ def resolve_args(variant: str = "taehv", **overrides) -> TAEHVArgs:
             if len(overrides[key]) != 3:
                 raise ValueError(f"{key} needs 3 flags, got {overrides[key]}")
     return check_args(replace(VARIANTS[variant], **overrides))
+
+
+# Exports are named as the public files are: upstream's taehv.py (madebyollin/taehv) builds its
+# architecture from the weight file's path alone ("taecvx" in it switches on the CogVideoX frame rule,
+# "taew2_2" patch 2 and 48 channels, "_super" the super decoder...), and so do the tools built on it.
+# Exports written before 2026-11-28 were taehv.pth / taehv.safetensors whatever their variant.
+LEGACY_EXPORT_STEM = "taehv"
+WEIGHT_SUFFIXES = (".safetensors", ".pth")
+
+
+def export_file_names(variant: str) -> tuple[str, str]:
+    """(`<variant>.pth`, `<variant>.safetensors`): the names an export of that variant is written under."""
+    return f"{variant}.pth", f"{variant}.safetensors"
+
+
+def file_names_variant(path: Path | str, variant: str) -> bool:
+    """Whether a weight file's name names `variant` as the public files do: the stem is the variant,
+    alone or followed by `_` or `-` (`taecvx.pth`, `taecvx_ema.safetensors`), and no longer variant
+    name fits it (`taehv1_5_x.pth` names taehv1_5, not taehv)."""
+    stem = Path(str(path)).name.split(".")[0].lower()
+    named = [v for v in {*VARIANTS, variant} if stem == v or (stem.startswith(v) and stem[len(v)] in "_-")]
+    return bool(named) and max(named, key=len) == variant
+
+
+def export_in(folder: Path | str) -> Path | None:
+    """The weight file of an export folder (final/, best_model/, a converted checkpoint): the one its
+    model_info.json names by variant, else an older export's taehv.safetensors / taehv.pth, else the
+    folder's only weight file; .safetensors before .pth. None when the folder holds none."""
+    folder = Path(folder)
+    stems = []
+    try:
+        stems.append(json.loads((folder / "model_info.json").read_text())["model_args"]["variant"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    stems.append(LEGACY_EXPORT_STEM)
+    for stem in stems:
+        for suffix in WEIGHT_SUFFIXES:
+            if (folder / f"{stem}{suffix}").is_file():
+                return folder / f"{stem}{suffix}"
+    for suffix in WEIGHT_SUFFIXES:
+        found = sorted(folder.glob(f"*{suffix}")) if folder.is_dir() else []
+        if len(found) == 1:
+            return found[0]
+    return None

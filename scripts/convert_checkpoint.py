@@ -1,9 +1,12 @@
 """Turn a training checkpoint (any process count, ZeRO stage or DDP) into one public-format TAEHV
 file that loads wherever TAEHV weights load.
 
-    python -m scripts.convert_checkpoint output/run/checkpoints/checkpoint-5000 --out taehv.safetensors \
+    python -m scripts.convert_checkpoint output/run/checkpoints/checkpoint-5000 --out exported/ \
         [--weights ema|model] [--dtype fp32|bf16|fp16] [--variant taecvx]
 
+--out FOLDER writes <variant>.pth and <variant>.safetensors there (taecvx.pth, taew2_2.pth, ...), the
+names upstream's taehv.py builds the right architecture from; --out FILE (.pth or .safetensors) one
+file, whose name must name the variant as the public files do (taecvx.pth, taecvx_step5000.pth).
 --weights ema (default): the EMA weights, what the run validates and exports to final/;
 --weights model: the optimizer's fp32 master weights (gathered from the ZeRO shards at save time,
 in the checkpoint's full_state.pt). A model_info.json is written beside the output; the variant
@@ -21,7 +24,7 @@ from pathlib import Path
 import torch
 
 from models.taehv import TAEHV, args_metadata, write_model_info
-from models.variants import TAEHVArgs
+from models.variants import TAEHVArgs, export_file_names, file_names_variant
 from training.base.fast_exit import exit_now
 from training.run.checkpoint_files import read_state
 from training.run.elastic import FULL_STATE
@@ -60,38 +63,54 @@ def checkpoint_model(folder: Path, which: str = "ema", variant: str | None = Non
     return model
 
 
-def convert(folder: Path, out: Path, which: str = "ema", dtype: str = "fp32", variant: str | None = None) -> Path:
+def output_files(out: Path, variant: str) -> list[Path]:
+    """The files --out asks for: a folder gets both public-format files under the variant's name; a
+    file name must name the variant, or upstream's taehv.py would build another architecture."""
     if out.suffix not in (".pth", ".safetensors"):
-        raise ValueError(f"--out {out}: use a .pth or .safetensors name")
-    model = checkpoint_model(folder, which, variant)
-    weights = {k: v.to(DTYPES[dtype]).contiguous() for k, v in model.state_dict().items()}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    temporary = out.with_name(f".tmp-{out.name}")
-    if out.suffix == ".safetensors":
-        from safetensors.torch import save_file
+        if out.suffix and not out.is_dir():
+            raise ValueError(f"--out {out}: give a folder, or a .pth or .safetensors file name")
+        return [out / name for name in export_file_names(variant)]
+    if not file_names_variant(out, variant):
+        pth, _ = export_file_names(variant)
+        raise ValueError(f"--out {out}: the weights are variant {variant}, and upstream's taehv.py (and the tools built on "
+                         f"it) pick the architecture from the file name: name it {pth} or {variant}_<anything>{out.suffix}, "
+                         "or give a folder")
+    return [out]
 
-        save_file(weights, str(temporary), metadata=args_metadata(model))
-    else:
-        torch.save(weights, temporary)
-    temporary.replace(out)
-    write_model_info(model, out.parent, source=str(folder), weights=which, dtype=dtype)
-    return out
+
+def convert(folder: Path, out: Path, which: str = "ema", dtype: str = "fp32", variant: str | None = None) -> list[Path]:
+    model = checkpoint_model(folder, which, variant)
+    paths = output_files(out, model.args.variant)
+    weights = {k: v.to(DTYPES[dtype]).contiguous() for k, v in model.state_dict().items()}
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".tmp-{path.name}")
+        if path.suffix == ".safetensors":
+            from safetensors.torch import save_file
+
+            save_file(weights, str(temporary), metadata=args_metadata(model))
+        else:
+            torch.save(weights, temporary)
+        temporary.replace(path)
+    write_model_info(model, paths[0].parent, source=str(folder), weights=which, dtype=dtype)
+    return paths
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", type=Path)
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True, help="a folder (gets <variant>.pth and <variant>.safetensors) "
+                        "or a .pth / .safetensors file named for the variant (taecvx.pth)")
     parser.add_argument("--weights", choices=("ema", "model"), default="ema")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="fp32")
     parser.add_argument("--variant")
     args = parser.parse_args(argv)
     try:
-        path = convert(args.checkpoint, args.out, args.weights, args.dtype, args.variant)
+        paths = convert(args.checkpoint, args.out, args.weights, args.dtype, args.variant)
     except (FileNotFoundError, ValueError, RuntimeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(f"wrote {path} ({args.weights} weights, {args.dtype}) and {path.parent / 'model_info.json'}")
+    print(f"wrote {' and '.join(map(str, paths))} ({args.weights} weights, {args.dtype}) and {paths[0].parent / 'model_info.json'}")
     return 0
 
 

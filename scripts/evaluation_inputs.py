@@ -17,6 +17,7 @@ import torch
 from models.evaluation import Speed
 from models.metrics import LPIPSUnavailable, load_lpips
 from models.taehv import TAEHV
+from models.variants import export_in
 from training.base.storage import is_remote
 from training.data.decode import ClipError, read_clip, resize_and_crop
 from training.data.index import probe_video, read_index
@@ -32,16 +33,16 @@ def load_student(model: Path, variant: str | None) -> tuple[TAEHV, Path]:
     if not model.is_dir():
         raise FileNotFoundError(f"--model {model}: no such file or folder")
     for folder in (model / "final", model / "best_model", model):
-        for name in ("taehv.safetensors", "taehv.pth"):
-            if (folder / name).is_file():
-                return TAEHV.from_pretrained(folder / name, variant=variant), folder / name
+        found = export_in(folder)  # <variant>.safetensors / .pth, or an older export's taehv.*
+        if found is not None:
+            return TAEHV.from_pretrained(found, variant=variant), found
     from training.run.checkpoint_files import is_checkpoint_folder
 
     if is_checkpoint_folder(model):  # a training checkpoint: its EMA weights
         from scripts.convert_checkpoint import checkpoint_model
 
         return checkpoint_model(model, "ema", variant), model
-    raise FileNotFoundError(f"--model {model}: no taehv.safetensors or taehv.pth in it, its final/ or best_model/, "
+    raise FileNotFoundError(f"--model {model}: no TAEHV weight file (<variant>.safetensors or .pth) in it, its final/ or best_model/, "
                             "and it is not a checkpoint folder")
 
 

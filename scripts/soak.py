@@ -43,6 +43,7 @@ if str(REPO_ROOT) not in sys.path:
 
 from scripts.benchmark import free_port  # noqa: E402
 from scripts.results import emit_result  # noqa: E402
+from models.variants import export_in  # noqa: E402
 
 STEP_LINE = re.compile(r"Step (\d+)/\d+ \| Loss: ([\d.]+)")
 RESUMED_LINE = re.compile(r"resumed from (\S+) at step (\d+)")
@@ -211,7 +212,9 @@ def tail(path: Path, lines: int = 40) -> str:
 def weights_equal(a: Path, b: Path) -> bool:
     import torch
 
-    first, second = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
+    from models.taehv import load_state_dict_file
+
+    first, second = load_state_dict_file(a), load_state_dict_file(b)
     return first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
 
 
@@ -241,7 +244,7 @@ def run_cycle(work: Path, number: int, clips: Path, max_steps: int, reference: d
             if fault is not None and kinds:  # a kind whose run ended first is tried again on the next run
                 kinds.pop(0)
         if fault is None:
-            if process.wait(timeout=900) == 0 and (run_dir / "final" / "taehv.pth").is_file():
+            if process.wait(timeout=900) == 0 and export_in(run_dir / "final") is not None:
                 break
             output = work / f"cycle-{number}-attempt-{attempt}.out"
             raise RuntimeError(f"cycle {number}: the run failed without an injected fault: see {run_dir / 'train.log'} "
@@ -255,7 +258,7 @@ def run_cycle(work: Path, number: int, clips: Path, max_steps: int, reference: d
     logged = STEP_LINE.findall(log_text(run_dir))
     report["loss_mismatches"] += sum(reference["losses"].get(step) != loss for step, loss in logged)
     report["steps_never_logged"] += len(set(reference["losses"]) - {step for step, _ in logged})
-    report["final_weights_equal"].append(weights_equal(run_dir / "final" / "taehv.pth", reference["dir"] / "final" / "taehv.pth"))
+    report["final_weights_equal"].append(weights_equal(export_in(run_dir / "final"), export_in(reference["dir"] / "final")))
 
 
 def soak(minutes: float, seed: int, max_steps: int, work: Path, max_faults: int | None = None) -> dict:

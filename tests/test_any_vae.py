@@ -141,7 +141,8 @@ def test_a_tae_for_each_class_trains_exports_and_scores_through_the_launcher(nam
     assert info["reference"]["family"] == name and info["reference"]["geometry"]["class_name"] == name
     alone = tmp_path / "alone" / "my_tae.safetensors"
     alone.parent.mkdir()
-    alone.write_bytes((run_dir / "final" / "taehv.safetensors").read_bytes())
+    assert sorted(p.name for p in (run_dir / "final").iterdir()) == sorted([f"{variant}.pth", f"{variant}.safetensors", "model_info.json"])
+    alone.write_bytes((run_dir / "final" / f"{variant}.safetensors").read_bytes())
     import inference
 
     report = tmp_path / "report"
@@ -156,7 +157,8 @@ def test_a_tae_for_each_class_trains_exports_and_scores_through_the_launcher(nam
     from models.taehv import TAEHV
     from scripts.convert_checkpoint import main as convert
 
-    converted = tmp_path / "converted" / "tae.safetensors"
-    assert convert([str(run_dir / "checkpoints" / "checkpoint-2"), "--out", str(converted)]) == 0
+    assert convert([str(run_dir / "checkpoints" / "checkpoint-2"), "--out", str(tmp_path / "converted" / "tae.safetensors")]) == 2
+    converted = tmp_path / "converted" / f"{variant}.safetensors"  # a folder gets the variant's names
+    assert convert([str(run_dir / "checkpoints" / "checkpoint-2"), "--out", str(converted.parent)]) == 0
     (converted.parent / "model_info.json").unlink()
     assert TAEHV.from_pretrained(converted).args == TAEHV.from_pretrained(alone).args

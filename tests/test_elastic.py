@@ -90,8 +90,8 @@ def test_convert_checkpoint_writes_one_public_file_from_zero_shards(two_process_
 
     checkpoint = two_process_run / "checkpoints" / "checkpoint-2"
     masters = torch.load(checkpoint / "full_state.pt", weights_only=True)["weights"]
-    assert convert([str(checkpoint), "--out", str(tmp_path / "model" / "taehv.safetensors"), "--weights", "model",
-                    "--dtype", "bf16"]) == 0
+    assert convert([str(checkpoint), "--out", str(tmp_path / "model"), "--weights", "model", "--dtype", "bf16"]) == 0
+    assert sorted(p.name for p in (tmp_path / "model").iterdir()) == ["model_info.json", "taehv.pth", "taehv.safetensors"]
     model = TAEHV.from_pretrained(tmp_path / "model" / "taehv.safetensors")  # variant from model_info.json
     assert model.variant == "taehv"
     for name, value in model.state_dict().items():
@@ -101,3 +101,6 @@ def test_convert_checkpoint_writes_one_public_file_from_zero_shards(two_process_
     converted = torch.load(tmp_path / "ema" / "taehv.pth", weights_only=True)
     assert all(torch.equal(exported[k], converted[k]) for k in exported)  # the EMA is what final/ holds
     assert convert([str(checkpoint), "--out", str(tmp_path / "x.bin")]) == 2
+    # a name upstream's taehv.py would build another architecture from is refused
+    assert convert([str(checkpoint), "--out", str(tmp_path / "taecvx.pth")]) == 2
+    assert convert([str(checkpoint), "--out", str(tmp_path / "taehv1_5_mine.pth")]) == 2

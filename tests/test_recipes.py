@@ -142,7 +142,7 @@ overrides = dict(
     assert "Step 3/3" in second.stdout and "all 2 stages done" in second.stdout
     stage2 = json.loads((run_dir / "stage2-high" / "resolved_config.json").read_text())
     assert (stage2["height"], stage2["learning_rate"], stage2["stage"], stage2["seed"]) == (48, 1e-3, 2, 7)
-    assert stage2["pretrained_model_path"] == str(run_dir / "stage1-low" / "final" / "taehv.pth")
+    assert stage2["pretrained_model_path"] == str(run_dir / "stage1-low" / "final")  # the folder: its <variant>.pth
     exported = torch.load(run_dir / "final" / "taehv.pth", weights_only=True)  # the last stage's export
     public = torch.load(public_weights, weights_only=True)
     assert all(torch.equal(exported[k], public[k]) for k in public if k.startswith("encoder."))

@@ -1,5 +1,6 @@
 import json
 import warnings
+from dataclasses import replace
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from safetensors.torch import save_file
 from models.taehv import (
     TAEHV,
     VARIANTS,
+    TAEHVArgs,
     FrameStreamer,
     StreamingTAEHV,
     parameter_count,
@@ -427,3 +429,46 @@ def test_bad_arguments_are_clear_errors():
         TAEHV("taehv", latent_channel=16)
     with pytest.raises(ValueError, match="multiples of 16"):
         TAEHV("taehv1_5").encode_video(torch.rand(1, 4, 3, 24, 24))
+
+
+# What upstream's taehv.py (madebyollin/taehv, main) builds from a weight file's path, a fact of its
+# source: each text found anywhere in the path sets these arguments; without any, the default ones.
+UPSTREAM_PATH_RULES = {
+    "taecvx": dict(cogvideox_trim_rule=True),
+    "taeh3": dict(patch_size=2, latent_channels=24, chunking="minimax_h3"),
+    "taew2_2": dict(patch_size=2, latent_channels=48),
+    "taehv1_5": dict(patch_size=2, latent_channels=32),
+    "taeltx": dict(patch_size=4, latent_channels=128, encoder_time_downscale=(True, True, True),
+                   decoder_time_upscale=(True, True, True)),
+    "_super": dict(decoder_kind="super"),
+}
+
+
+def built_by_upstream_from(path: str) -> TAEHVArgs:
+    args = TAEHVArgs("upstream")
+    for marker, fields in UPSTREAM_PATH_RULES.items():
+        if marker in path:
+            args = replace(args, **fields)
+    return args
+
+
+class MainProcess:
+    is_main_process = True  # export_model writes on rank 0 only
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_an_export_is_named_so_that_its_name_alone_builds_its_variant(tmp_path, variant):
+    """final/ and best_model/ hold <variant>.pth and <variant>.safetensors: without model_info.json the
+    name alone gives back every construction argument, ours and upstream's (test_upstream_parity loads
+    the export in upstream's own module where a checkout is given)."""
+    from training.loop.exports import export_model
+
+    model = TAEHV(variant)
+    export_model(MainProcess(), model.state_dict(), model, tmp_path / "final", step=3, metrics={})
+    names = sorted(p.name for p in (tmp_path / "final").iterdir())
+    assert names == sorted([f"{variant}.pth", f"{variant}.safetensors", "model_info.json"])
+    (tmp_path / "final" / "model_info.json").unlink()
+    assert TAEHV.from_pretrained(tmp_path / "final" / f"{variant}.pth").args == VARIANTS[variant]
+    assert TAEHV.from_pretrained(tmp_path / "final").args == VARIANTS[variant]  # the folder: its export
+    if VARIANTS[variant].decoder_kind != "wide":  # the wide decoder is on an upstream branch, not main
+        assert built_by_upstream_from(f"output/run/final/{variant}.pth") == replace(VARIANTS[variant], variant="upstream")

@@ -169,3 +169,27 @@ def test_taeh3_network_matches_upstream_without_chunking(upstream, tmp_path):
     torch.save(ours.state_dict(), checkpoint)
     theirs = upstream.build(checkpoint, patch_size=2, latent_channels=24)
     check(max_differences(upstream, ours, theirs, 9, 32), "taeh3 network, no chunking")
+
+
+class MainProcess:
+    is_main_process = True  # export_model writes on rank 0 only
+
+
+@pytest.mark.parametrize("variant", list(UPSTREAM_MARKERS))
+def test_our_export_loads_in_upstream_by_the_name_we_ship(upstream, tmp_path, variant):
+    """What a run exports to final/ (training/loop/exports.py) loads in upstream's TAEHV given only the
+    file's path, as a user passes it (no constructor arguments, no model_info.json read): the same
+    frame counts and values as our model."""
+    from models.variants import export_file_names
+    from training.loop.exports import export_model
+
+    reason = upstream.missing_support(variant)
+    if reason:
+        pytest.skip(reason)
+    ours = ours_with_random_weights(variant)
+    export_model(MainProcess(), ours.state_dict(), ours, tmp_path / "final", step=1, metrics={})
+    pth, _ = export_file_names(variant)
+    theirs = upstream.build(tmp_path / "final" / pth)
+    assert (theirs.t_downscale, theirs.t_upscale, theirs.frames_to_trim) == (ours.t_downscale, ours.t_upscale, ours.frames_to_trim)
+    check(max_differences(upstream, ours, theirs, first_frame_count(ours), 2 * ours.spatial_downscale),
+          f"{variant} export ({upstream.label})")

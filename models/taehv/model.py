@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from models.taehv.blocks import MEMORY_BLOCKS, build_base_decoder, build_encoder, build_super_decoder
 from models.taehv.runners import pad_with_last_frame, run_parallel, run_sequential
 from models.taehv.weights import infer_args_from_state_dict, load_state_dict_file, narrow_tgrow_weights, read_model_info
-from models.variants import TAEHVArgs, check_args, resolve_args
+from models.variants import TAEHVArgs, check_args, export_in, resolve_args
 
 
 class TAEHV(nn.Module):
@@ -200,7 +200,7 @@ class TAEHV(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str | Path, variant: str | None = None, **overrides) -> "TAEHV":
-        """Load a public-format TAEHV file (.pth or .safetensors).
+        """Load a public-format TAEHV file (.pth or .safetensors), or the one an export folder holds.
 
         With `variant` given, the file must match it. Without, patch size, latent channels,
         decoder kind and time flags come from the tensor shapes, and a `model_info.json` beside the
@@ -213,6 +213,11 @@ class TAEHV(nn.Module):
         model_info.json: its chunking changes every frame count and no tensor shows it.
         """
         path = Path(path)
+        if path.is_dir():  # an export folder (final/, best_model/): the weight file it holds
+            found = export_in(path)
+            if found is None:
+                raise FileNotFoundError(f"{path} holds no TAEHV weight file (<variant>.safetensors or .pth)")
+            path = found
         state_dict = load_state_dict_file(path)
         if variant is None:
             info_args = read_model_info(path)

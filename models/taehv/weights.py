@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from models.taehv.blocks import TGrow
-from models.variants import BASE_LAYOUT_WIDTHS, VARIANTS, TAEHVArgs
+from models.variants import BASE_LAYOUT_WIDTHS, LEGACY_EXPORT_STEM, VARIANTS, TAEHVArgs
 
 MODEL_INFO_FILENAME = "model_info.json"
 
@@ -124,8 +124,9 @@ def infer_args_from_state_dict(state_dict: dict[str, torch.Tensor], source: Path
     return replace(chosen, encoder_time_downscale=encoder_time, decoder_time_upscale=decoder_time)
 
 
-# Our exports are named taehv.pth whatever their variant, so that name alone tells nothing.
-EXPORT_FILE_STEM = "taehv"
+# Our exports were named taehv.pth whatever their variant until 2026-11-28 (now <variant>.pth): without
+# the model_info.json beside it, that name alone tells nothing.
+EXPORT_FILE_STEM = LEGACY_EXPORT_STEM
 
 
 def variant_named_by_file(path: Path | str, candidates: list[str]) -> str | None:

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from models.reference_families import PUBLIC_PIPELINES
+from models.variants import export_in
 from training.base.storage import ObjectStore, is_remote
 from training.config.schema import HUB_ID, ConfigError, TrainConfig
 from training.config.terms import active_terms
@@ -29,6 +30,8 @@ def input_problems(c: TrainConfig) -> list[str]:
 
     if c.pretrained_model_path:
         path = Path(c.pretrained_model_path)
+        if path.is_dir():  # an export folder (a previous run's final/): the weight file it holds
+            path = export_in(path) or path
         if not path.is_file():
             where = ("copy the public weights of that name there" if path.stem == c.model_variant else
                      f"set it to the public {c.model_variant} weights (e.g. pretrained_model_path=checkpoints/{c.model_variant}.pth)")

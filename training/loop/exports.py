@@ -31,11 +31,13 @@ def export_info(config: TrainConfig) -> dict:
 
 
 def export_model(accelerator, weights: dict, taehv: TAEHV, folder: Path, step: int, metrics: dict, **info) -> None:
-    """Public-format weights (.pth and .safetensors) plus model_info.json, written atomically
-    by rank 0 (the weights are identical on every rank)."""
+    """Public-format weights as `<variant>.pth` and `<variant>.safetensors` (the name upstream's
+    taehv.py builds the architecture from) plus model_info.json, written atomically by rank 0 (the
+    weights are identical on every rank)."""
     from safetensors.torch import save_file
 
     from models.taehv import args_metadata, write_model_info
+    from models.variants import export_file_names
 
     if not accelerator.is_main_process:
         return
@@ -44,8 +46,9 @@ def export_model(accelerator, weights: dict, taehv: TAEHV, folder: Path, step: i
     shutil.rmtree(temporary, ignore_errors=True)
     try:
         temporary.mkdir(parents=True)
-        torch.save(weights, temporary / "taehv.pth")
-        save_file(weights, str(temporary / "taehv.safetensors"), metadata=args_metadata(taehv))
+        pth, safetensors = export_file_names(taehv.args.variant)
+        torch.save(weights, temporary / pth)
+        save_file(weights, str(temporary / safetensors), metadata=args_metadata(taehv))
         write_model_info(taehv, temporary, step=step, metrics=metrics, **info)
     except OSError:  # a full disk: the previous export stays whole, the half-written one goes
         shutil.rmtree(temporary, ignore_errors=True)

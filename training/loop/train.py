@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from models.cpu_bf16 import bf16_convolutions
+from models.variants import export_file_names
 from training.base.agreement import agree
 from training.base.failures import die_with_launcher, is_collective_timeout, is_peer_gone, set_collective_timeout
 from training.base.run_log import RunLog, start_profiler
@@ -426,7 +427,8 @@ def finish(run: TrainingRun) -> int:
     scored = f"validation PSNR {run.last_metrics['psnr']:.2f} dB" if "psnr" in run.last_metrics else "no clip scored"
     run.log.line(f"done at step {run.progress.step}: exported {run.run_dir / 'final'} ({scored})")
     run.log.line(f"run folder {run.run_dir}: train.log, logs/ (tensorboard --logdir {run.run_dir / 'logs'}), "
-                 "checkpoints/, validation_history.json, best_model/, final/taehv.pth + taehv.safetensors")
+                 f"checkpoints/, validation_history.json, best_model/, final/{' + '.join(export_file_names(taehv.args.variant))} "
+                 "(named as the public files are: upstream's taehv.py builds the architecture from the name)")
     run.log.line(f"evaluate: python inference.py --model {run.run_dir} --held-out-of {run.run_dir} (or --videos <clips>) "
                  f"--frames {run.config.n_frames} --height {run.config.height} --width {run.config.width} --out <folder> "
                  + (f"--ref-vae-path {run.config.ref_vae_path} " if run.config.use_ref_vae else "") + "(docs/howto/evaluate.md)")
