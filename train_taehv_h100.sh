@@ -11,7 +11,8 @@ usage() {
 Usage: train_taehv_h100.sh NGPU PROFILE [CONFIG_PATH] [options]
 
   NGPU      processes on this machine (GPUs, or CPU processes for cpu/test where torch sees no CUDA device)
-  PROFILE   1gpu_h100 | h100 (8, 16 or 64: picks the module from NGPU x nodes) | a800 | cpu | test
+  PROFILE   1gpu_h100 | h100 (any total of 2 or more: picks h100, 16gpu_h100 or 64gpu_h100 from NGPU x nodes,
+            keeping the global batch by accumulation) | a800 | cpu | test
             | custom CONFIG_PATH (a .py file with `overrides = dict(...)`)
 
 Options:
@@ -85,10 +86,12 @@ fi
 # ---------------------------------------------------------------- profile -> config module
 case "$PROFILE" in
   h100)
-    case "$TOTAL_PROCESSES" in
-      8) CONFIG="h100" ;; 16) CONFIG="16gpu_h100" ;; 64) CONFIG="64gpu_h100" ;;
-      *) die "profile h100 supports 8, 16 or 64 GPUs in total, got $TOTAL_PROCESSES (use 1gpu_h100 for one GPU, or custom)" ;;
-    esac ;;
+    # the module written for the nearest count at or below the total; on a count it was not written
+    # for, it keeps its global batch by accumulation and says so (training/config/load.py fit_process_count)
+    if (( TOTAL_PROCESSES == 1 )); then die "profile h100 is for 2 or more GPUs, got 1: use 1gpu_h100 (one 80 GB GPU, H100 or A800 alike)"
+    elif (( TOTAL_PROCESSES < 16 )); then CONFIG="h100"
+    elif (( TOTAL_PROCESSES < 64 )); then CONFIG="16gpu_h100"
+    else CONFIG="64gpu_h100"; fi ;;
   1gpu_h100|a800|cpu|test|16gpu_h100|64gpu_h100) CONFIG="$PROFILE" ;;
   custom) CONFIG="$CONFIG_PATH" ;;
   *) die "unknown profile '$PROFILE': use 1gpu_h100, h100, a800, cpu, test or custom CONFIG_PATH" ;;

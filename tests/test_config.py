@@ -102,8 +102,10 @@ def test_perceptual_weight_needs_the_lpips_files_up_front(tmp_path, monkeypatch)
 
 
 def test_wrong_process_count_and_missing_paths_are_named(tmp_path):
-    with pytest.raises(ConfigError, match="supports 8 processes, got 4"):
-        load_config("h100", num_processes=4, check_paths=False)
+    with pytest.raises(ConfigError, match=r"written for 8 process\(es\), got 1: use the profile 1gpu_h100"):
+        load_config("h100", num_processes=1, check_paths=False)
+    with pytest.raises(ConfigError, match=r"written for 1 process\(es\), got 8: use the profile h100"):
+        load_config("1gpu_h100", num_processes=8, check_paths=False)
     with pytest.raises(ConfigError, match="pretrained_model_path='checkpoints/taecvx.pth' does not exist"):
         load_config("h100")
     with pytest.raises(ConfigError, match=r"data_root='/nonexistent' is not a folder"):
@@ -227,3 +229,18 @@ def test_key_lists_are_derived_from_the_tags_of_existing_keys():
     launcher = (REPO_ROOT / "train_taehv_h100.sh").read_text()
     shell = list(tagged("shell").values())
     assert len(shell) == len(set(shell)) and all(re.search(rf"\b{name}\b", launcher) for name in shell)
+
+
+@pytest.mark.parametrize(("profile", "processes", "accumulation", "global_batch"), [
+    ("h100", 4, 8, 128), ("16gpu_h100", 32, 1, 128), ("16gpu_h100", 24, 1, 96), ("64gpu_h100", 128, 1, 512),
+    ("a800", 16, 4, 128),
+])
+def test_a_multi_gpu_profile_fits_any_process_count(profile, processes, accumulation, global_batch):
+    """Another count than the profile's keeps its global batch by accumulation where it divides, else the
+    nearest, said in one note; a --set accumulation is kept and the batch derived from it."""
+    notes: list[str] = []
+    config = load_config(profile, num_processes=processes, check_paths=False, notes=notes)
+    assert (config.gradient_accumulation_steps, config.global_batch_size) == (accumulation, global_batch)
+    assert len(notes) == 1 and notes[0].startswith(f"{processes} processes (profile written for ")
+    given = load_config(profile, ["gradient_accumulation_steps=3"], num_processes=processes, check_paths=False)
+    assert given.global_batch_size == given.batch_size_per_gpu * processes * 3

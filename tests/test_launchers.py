@@ -113,8 +113,9 @@ def test_custom_config_file(tmp_path, production_paths):
         (["2", "test", "--set", "n_frame=4"], "unknown config key; did you mean 'n_frames'"),
         (["2", "test", "--set", "max_steps=many"], "max_steps=many: expected int"),
         (["2", "test", "--set", "n_frames=6"], "n_frames=6 gives no whole latent frame count"),
-        (["3", "test"], "supports 1, 2 processes, got 3"),
-        (["4", "h100"], "profile h100 supports 8, 16 or 64 GPUs"),
+        (["3", "test"], "written for 1 or 2 process(es), got 3: use NGPU 1 or 2"),
+        (["1", "h100"], "profile h100 is for 2 or more GPUs, got 1: use 1gpu_h100"),
+        (["1", "a800"], "written for 8 process(es), got 1: use the profile 1gpu_h100"),
         (["8", "h100"], "pretrained_model_path='checkpoints/taecvx.pth' does not exist"),
         (["8", "custom", "missing.py"], "config file not found: missing.py"),
         (["1", "test", "--set", "accelerate_config=nope.yaml"], "accelerate_config='nope.yaml': no such file"),
@@ -126,6 +127,23 @@ def test_bad_launches_fail_up_front(args, message, tmp_path):
     assert result.returncode != 0
     assert message in result.stderr
     assert "accelerate.commands.launch" not in result.stdout and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("machines", "line"), [
+    (4, "32 processes (profile written for 16): gradient_accumulation_steps 2 -> 1 keeps the global batch of 128 clips"),
+    (3, "24 processes (profile written for 16): 128 clips per step do not divide into 4 x 24: gradient_accumulation_steps "
+        "2 -> 1, global batch 96 clips"),
+])
+def test_any_node_count_plans_with_the_global_batch_kept_or_said(machines, line, production_paths):
+    """4 or 3 nodes of 8 H100s: the h100 profile plans (dry run exit 0), keeping its global batch by
+    accumulation where it divides and saying in one line what it chose where it does not."""
+    result = run([LAUNCHER, "8", "h100", "--dry-run", *production_paths],
+                 env_extra={"NUM_MACHINES": str(machines), "MACHINE_RANK": "0", "MASTER_ADDR": "127.0.0.1"})
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert line in result.stderr
+    resolved = resolved_from_dry_run(result.stdout)
+    assert resolved["num_processes"] == 8 * machines
+    assert resolved["global_batch_size"] == 4 * 8 * machines * resolved["gradient_accumulation_steps"]
 
 
 def test_several_machines_without_master_addr_are_refused_in_one_line(tmp_path):

@@ -219,10 +219,13 @@ def launch_values(profile_or_path: str, overrides: list[str] | None = None) -> t
 
 
 def build_config(values: dict, num_processes: int | None = None, check_paths: bool = True,
-                 max_steps_given: bool = False, notes: list[str] | None = None) -> TrainConfig:
+                 max_steps_given: bool = False, notes: list[str] | None = None,
+                 given: frozenset = frozenset()) -> TrainConfig:
     """Validated TrainConfig with derived values from every settable key's value. The warm-up and
     every interval are capped to max_steps when a stage sets it (at least one of each at its end)
-    or the command line does (`max_steps_given`: a quick trial, which `notes` reports)."""
+    or the command line does (`max_steps_given`: a quick trial, which `notes` reports). A
+    multi-process profile on another process count keeps its global batch (fit_process_count);
+    `given` are the keys the command line set, which that leaves as they are."""
     config = TrainConfig(**values)
     # before the rules: they check the schedules at this stage's first step
     config.schedule_offset = sum(dict(entry)["steps"] for entry in config.stages[: max(config.stage - 1, 0)])
@@ -233,7 +236,10 @@ def build_config(values: dict, num_processes: int | None = None, check_paths: bo
         for key in CAPPED_TO_MAX_STEPS:
             setattr(config, key, min(getattr(config, key), config.max_steps))
         if capped and max_steps_given and notes is not None:
-            notes.append(f"max_steps={config.max_steps} caps {', '.join(capped)}")
+            notes.append(f"quick trial: max_steps={config.max_steps} caps {', '.join(capped)}")
+    fitted = fit_process_count(config, given)
+    if fitted and notes is not None:
+        notes.append(fitted)
     validate(config, check_paths=check_paths)
     resolve(config)
     if config.adaptive_adversarial and config.seraena_weight > 0 and config.zero_stage == 3:
@@ -246,13 +252,41 @@ def build_config(values: dict, num_processes: int | None = None, check_paths: bo
     return config
 
 
+def fit_process_count(c: TrainConfig, given: frozenset = frozenset()) -> str:
+    """A profile written for several processes (h100: 8; 16gpu_h100: 16) on another count of several
+    (24, 32, 128 GPUs): the accumulation that keeps its global batch where that divides, else the
+    nearest, said in the line returned ('' when nothing changed). One process is another profile
+    (the rules name it). Keys the command line set stay as given."""
+    written = c.supported_num_gpus
+    if not written or c.num_processes in written or c.num_processes == 1 or 1 in written:
+        return ""
+    head = f"{c.num_processes} processes (profile written for {' or '.join(map(str, written))})"
+    per_step = c.batch_size_per_gpu * c.num_processes
+    if "gradient_accumulation_steps" in given or "global_batch_size" in given:
+        c.global_batch_size = per_step * c.gradient_accumulation_steps if "global_batch_size" not in given else c.global_batch_size
+        return ""
+    target = c.global_batch_size or c.batch_size_per_gpu * written[0] * c.gradient_accumulation_steps
+    before = c.gradient_accumulation_steps
+    c.gradient_accumulation_steps = max(1, round(target / per_step))
+    c.global_batch_size = per_step * c.gradient_accumulation_steps
+    if c.global_batch_size == target:
+        return (f"{head}: gradient_accumulation_steps {before} -> {c.gradient_accumulation_steps} keeps the global batch "
+                f"of {target} clips")
+    accumulation = (f"gradient_accumulation_steps {before} -> {c.gradient_accumulation_steps}" if before != c.gradient_accumulation_steps
+                    else f"gradient_accumulation_steps stays {before}")
+    return (f"{head}: {target} clips per step do not divide into {c.batch_size_per_gpu} x {c.num_processes}: "
+            f"{accumulation}, global batch {c.global_batch_size} "
+            f"clips, learning_rate {c.learning_rate:g} unchanged (--set gradient_accumulation_steps=N or learning_rate=... "
+            "to choose otherwise)")
+
+
 def load_config(
     profile_or_path: str, overrides: list[str] | None = None, num_processes: int | None = None, check_paths: bool = True,
     notes: list[str] | None = None,
 ) -> TrainConfig:
     """Profile -> overrides -> validation -> derived values. Raises ConfigError with one line."""
     values, set_values, _ = launch_values(profile_or_path, overrides)
-    return build_config(values, num_processes, check_paths, "max_steps" in set_values, notes)
+    return build_config(values, num_processes, check_paths, "max_steps" in set_values, notes, frozenset(set_values))
 
 
 def resolve(c: TrainConfig) -> None:

@@ -202,6 +202,8 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
                           "no reference VAE encodes in this run; set ref_vae_compile=false")
     if c.seraena_buffer_gb <= 0:
         raise ConfigError(f"seraena_buffer_gb={c.seraena_buffer_gb} must be positive (host memory per rank for the replay buffer)")
+    if not c.max_grad_norm >= 0:  # a negative norm would flip every gradient under DDP (NaN fails too)
+        raise ConfigError(f"max_grad_norm={c.max_grad_norm} must be 0 (no clipping) or a positive gradient norm, e.g. 1.0")
     for key in (*WEIGHT_KEYS, "learning_rate"):
         if getattr(c, key) < 0:
             raise ConfigError(f"{key}={getattr(c, key)} must not be negative")
@@ -212,10 +214,18 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
             f"use_ref_vae=False (autoencoder mode) has no reference latents: set {' and '.join(f'{k}=0' for k in reference_keys)} "
             f"(got {' and '.join(str(getattr(c, key)) for key in reference_keys)})"
         )
-    if c.supported_num_gpus and c.num_processes not in c.supported_num_gpus:
+    multi_process_fit = c.num_processes > 1 and 1 not in c.supported_num_gpus  # fitted by accumulation (load.py)
+    if c.supported_num_gpus and c.num_processes not in c.supported_num_gpus and not multi_process_fit:
+        if c.accelerate_config.endswith("_cpu.yaml"):
+            fits = f"NGPU {' or '.join(map(str, c.supported_num_gpus))} (CPU processes)"
+        elif c.num_processes == 1:
+            fits = "the profile 1gpu_h100 (one 80 GB GPU, H100 or A800 alike)"
+        else:
+            fits = ("the profile h100 (2 or more 80 GB GPUs: it keeps the global batch by accumulation), or a800 on "
+                    "A800s")
         raise ConfigError(
-            f"this profile supports {', '.join(map(str, c.supported_num_gpus))} processes, got {c.num_processes}: "
-            "pick the profile for your GPU count or use `custom`"
+            f"this profile is written for {' or '.join(map(str, c.supported_num_gpus))} process(es), got {c.num_processes}: "
+            f"use {fits}, or a config file of your own (train_taehv_h100.sh N custom my_config.py, docs/launching.md)"
         )
     expected = c.batch_size_per_gpu * c.num_processes * c.gradient_accumulation_steps
     if c.global_batch_size not in (0, expected):

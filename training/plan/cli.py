@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     for note in [] if args.quiet else legacy_notes:  # an old-style `args` file: what was renamed, adjusted or dropped
         print(f"legacy config: {note}", file=sys.stderr)
     for note in [] if args.quiet else notes:  # said once per launch: the launcher's first step is not quiet
-        print(f"quick trial: {note}", file=sys.stderr)
+        print(note, file=sys.stderr)
     if args.dry_run_report:
         if run.restored:
             print(f"resume: the settings of {run.run_dir} ({len(run.changes)} changed by this launch)")

@@ -105,7 +105,7 @@ def load_run(profile_or_path: str, overrides: list[str] | None = None, num_proce
     recorded_path = run_dir / RESOLVED
     if resume_from is None or not recorded_path.is_file():  # a fresh run, or a branch into a new folder
         config = build_config({**values, "output_dir": str(run_dir)}, num_processes, check_paths,
-                              "max_steps" in set_values, notes)
+                              "max_steps" in set_values, notes, frozenset(set_values))
         return Run(config, run_dir, resume_from, launch=launch)
 
     recorded = json.loads(recorded_path.read_text())
@@ -129,7 +129,8 @@ def load_run(profile_or_path: str, overrides: list[str] | None = None, num_proce
                 "which a resume keeps (docs/howto/resume.md#what-a-resume-may-change lists what it may change); "
                 f"drop the --set to continue the run, or branch it: --resume {resume_from} --output-dir <new folder>")
     restored["output_dir"] = str(run_dir)
-    config = build_config(restored, num_processes, check_paths, "max_steps" in set_values, notes)
+    pinned_keys = frozenset(own_overrides) | frozenset(recorded_launch.get("overrides", {}))
+    config = build_config(restored, num_processes, check_paths, "max_steps" in set_values, notes, pinned_keys)
     after = config.to_dict()
     changes = [(key, recorded.get(key), after[key]) for key in SETTABLE_KEYS
                if key != "output_dir" and key not in DERIVED_KEYS and not _same(recorded.get(key), after[key])]
