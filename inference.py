@@ -51,6 +51,7 @@ from models.evaluation import (
     notes,
 )
 from models.metrics import opencv_missing
+from models.public_files import lpips_files_hint, missing_lpips_files
 from models.reference_families import FAMILIES
 from models.taehv import TAEHV
 from scripts.evaluation_inputs import (
@@ -214,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     from scripts.evaluation_report import print_summary, side_by_side, write_contact_sheet, write_json, write_markdown, write_mp4, write_psnr_plot
 
     lpips, lpips_unavailable = lpips_or_reason(args, device)
+    if lpips_unavailable:  # where the files come from, and the commands that fetch them
+        lpips_unavailable += "; " + lpips_files_hint(missing_lpips_files(args.lpips_backbone, args.lpips_heads, torch.hub.get_dir()))
     args.out.mkdir(parents=True, exist_ok=True)
     speeds = {"student": Speed(device), BASELINE: Speed(device)}
     if reference is not None:

@@ -4,7 +4,9 @@ config check reads them; models/reference_vae.py loads the VAEs."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from pathlib import PurePath
 
 
 @dataclass(frozen=True)
@@ -21,7 +23,9 @@ class Family:
     latent_spaces: tuple[str, ...]  # the spaces its VAE can express (no latents_mean/std, or no scaling_factor)
     public_variant: str  # the public TAEHV variant (model_variant=auto)
     parameter_count: float  # of its published architecture: its bf16 weights in the memory estimate
-    public_pipeline: str = ""  # a public diffusers pipeline with a well-known hub id, named in hints ("": none named)
+    # public diffusers pipelines on the Hugging Face hub (their vae/ is the reference), the family's default first;
+    # a download hint names the one whose name the folder's name matches (hub_repo_for)
+    hub_repos: tuple[str, ...] = ()
     layouts: tuple[tuple[str, object, str], ...] = ()  # (VAE config key, value, public variant) of other layouts
     imagenet_pixels: bool = False  # its VAE takes and returns ImageNet-normalised pixels, not [-1, 1]
     help: str = ""  # said after its name in ref_vae_family's help
@@ -31,17 +35,21 @@ class Family:
 # default latent spaces: evidence for cogvideox and wan, the others the space their diffusion pipeline works in
 FAMILY_RECORDS = (
     Family("cogvideox", "AutoencoderKLCogVideoX", (8, 1), "raw", ("raw", "scaled"), "taecvx", 215.6e6,
-           public_pipeline="THUDM/CogVideoX-2b"),
+           hub_repos=("THUDM/CogVideoX-2b", "THUDM/CogVideoX-5b", "THUDM/CogVideoX-5b-I2V", "THUDM/CogVideoX1.5-5B")),
     Family("hunyuan", "AutoencoderKLHunyuanVideo", (4, 1), "scaled", ("raw", "scaled"), "taehv", 246.5e6,
-           public_pipeline="hunyuanvideo-community/HunyuanVideo"),
-    Family("hunyuan1_5", "AutoencoderKLHunyuanVideo15", (4, 1), "scaled", ("raw", "scaled"), "taehv1_5", 1260.6e6),
-    # Wan 2.2's 48-channel layout (z_dim 48) has 704.7e6 parameters; the estimate counts 2.1's
+           hub_repos=("hunyuanvideo-community/HunyuanVideo", "hunyuanvideo-community/HunyuanVideo-I2V")),
+    Family("hunyuan1_5", "AutoencoderKLHunyuanVideo15", (4, 1), "scaled", ("raw", "scaled"), "taehv1_5", 1260.6e6,
+           hub_repos=("hunyuanvideo-community/HunyuanVideo-1.5-480p_t2v", "hunyuanvideo-community/HunyuanVideo-1.5-480p_i2v")),
+    # Wan 2.2's 48-channel layout (z_dim 48) has 704.7e6 parameters; the estimate counts 2.1's. Wan 2.2's 5B
+    # pipeline (TI2V) has the 48-channel VAE, its A14B ones 2.1's
     Family("wan", "AutoencoderKLWan", (4, 1), "normalized", ("raw", "normalized"), "taew2_1", 126.9e6,
-           public_pipeline="Wan-AI/Wan2.1-T2V-1.3B-Diffusers", layouts=(("z_dim", 48, "taew2_2"),),
-           help="2.1 or 2.2, from its config"),
+           hub_repos=("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "Wan-AI/Wan2.1-T2V-14B-Diffusers", "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers",
+                      "Wan-AI/Wan2.2-TI2V-5B-Diffusers", "Wan-AI/Wan2.2-T2V-A14B-Diffusers", "Wan-AI/Wan2.2-I2V-A14B-Diffusers"),
+           layouts=(("z_dim", 48, "taew2_2"),), help="2.1 or 2.2, from its config"),
     Family("ltx", "AutoencoderKLLTXVideo", (8, 1), "normalized", ("raw", "normalized"), "taeltx_2", 419.2e6,
-           public_pipeline="Lightricks/LTX-Video"),
-    Family("ltx2", "AutoencoderKLLTX2Video", (8, 1), "normalized", ("raw", "normalized"), "taeltx_2", 1222.5e6),
+           hub_repos=("Lightricks/LTX-Video", "Lightricks/LTX-Video-0.9.5")),
+    Family("ltx2", "AutoencoderKLLTX2Video", (8, 1), "normalized", ("raw", "normalized"), "taeltx_2", 1222.5e6,
+           hub_repos=("Lightricks/LTX-2", "diffusers/LTX-2.3-Diffusers")),
     Family("minimax_h3", "AutoencoderKLMiniMaxH3", (17, 5), "normalized", ("raw", "normalized"), "taeh3", 2603.9e6,
            imagenet_pixels=True),
 )
@@ -52,7 +60,6 @@ FAMILIES = tuple(FAMILY)
 FAMILY_CLASSES = {f.name: f.vae_class for f in FAMILY_RECORDS}
 CLASS_FAMILIES = {f.vae_class: f.name for f in FAMILY_RECORDS}
 FRAME_RULES = {f.name: f.frame_rule for f in FAMILY_RECORDS}
-PUBLIC_PIPELINES = {f.name: f.public_pipeline for f in FAMILY_RECORDS if f.public_pipeline}
 DEFAULT_LATENT_SPACE = {f.name: f.latent_space for f in FAMILY_RECORDS}
 SUPPORTED_LATENT_SPACES = {f.name: f.latent_spaces for f in FAMILY_RECORDS}
 
@@ -67,6 +74,42 @@ def public_variant(family: str, vae_config: dict | None = None) -> str:
     record = FAMILY[family]
     return next((variant for key, value, variant in record.layouts if (vae_config or {}).get(key) == value),
                 record.public_variant)
+
+
+def folder_name(folder: str) -> str:
+    """The name that says which model a folder holds: its last part, or the one above a `vae` subfolder."""
+    parts = [part for part in PurePath(folder).parts if part not in ("/", ".", "..")]
+    if len(parts) > 1 and parts[-1].lower() == "vae":
+        parts.pop()
+    return parts[-1] if parts else ""
+
+
+def name_match(folder: str, repo: str) -> int:
+    """How much of a folder's name a hub repository's name holds: the characters of the name's words
+    (split at -, _, spaces; other punctuation dropped: Wan2.2 and wan22 are one word) found in the
+    repository's name, punctuation dropped."""
+    words = [re.sub(r"[^a-z0-9]", "", word) for word in re.split(r"[-_\s]+", folder_name(folder).lower())]
+    name = re.sub(r"[^a-z0-9]", "", repo.rpartition("/")[2].lower())
+    return sum(len(word) for word in words if word and word in name)
+
+
+def hub_repo_for(family: str, folder: str) -> str:
+    """The family's public pipeline whose name best matches the folder's (CogVideoX-5b ->
+    THUDM/CogVideoX-5b, Wan2.2 -> Wan-AI/Wan2.2-TI2V-5B-Diffusers), else its default; '' for a family
+    without one."""
+    repos = FAMILY[family].hub_repos if family in FAMILY else ()
+    if not repos:
+        return ""
+    return max(repos, key=lambda repo: name_match(folder, repo))  # the first of the best: the default on a tie
+
+
+def family_named_by(folder: str) -> str:
+    """The family whose pipelines' names match the folder's name strictly best ('' when none, a tie, or
+    a match of under 3 characters: `x` is in CogVideoX and in LTX)."""
+    scores = sorted(((max((name_match(folder, repo) for repo in f.hub_repos), default=0), f.name) for f in FAMILY_RECORDS),
+                    reverse=True)
+    (best, family), (second, _) = scores[0], scores[1]
+    return family if best > second and best >= 3 else ""
 
 
 # the pixels of a family with imagenet_pixels (MiniMax H3); the others take [-1, 1]

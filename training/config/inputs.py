@@ -1,17 +1,19 @@
 """The inputs a config points at (weights, reference VAE, data, LPIPS files, buckets): each missing or
-unreadable one is one line with its fix."""
+unreadable one is one line with its fix; a public file's fix names where it comes from and the command
+that fetches it (models/public_files.py, the families' hub repositories)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from models.reference_families import PUBLIC_PIPELINES
+from models.public_files import PUBLIC_TAEHV_BRANCHES, lpips_files_hint, missing_lpips_files, taehv_weights_hint
+from models.reference_families import family_named_by, hub_repo_for
 from models.variants import export_in
 from training.base.storage import ObjectStore, is_remote
 from training.config.schema import HUB_ID, ConfigError, TrainConfig
 from training.config.terms import active_terms
-from training.config.views import latent_space
+from training.config.views import latent_space, student_of
 
 
 def hub_model_is_cached(model_id: str) -> bool:
@@ -33,10 +35,8 @@ def input_problems(c: TrainConfig) -> list[str]:
         if path.is_dir():  # an export folder (a previous run's final/): the weight file it holds
             path = export_in(path) or path
         if not path.is_file():
-            where = ("copy the public weights of that name there" if path.stem == c.model_variant else
-                     f"set it to the public {c.model_variant} weights (e.g. pretrained_model_path=checkpoints/{c.model_variant}.pth)")
-            problems.append(f"pretrained_model_path={c.pretrained_model_path!r} does not exist: {where}, fix the path, "
-                            "or set it to '' to train from scratch")
+            problems.append(f"pretrained_model_path={c.pretrained_model_path!r} does not exist: {starting_weights_fix(c, path)}; "
+                            "or fix the path, or set it to '' to train from scratch")
         elif unreadable(path):
             problems.append(f"pretrained_model_path={c.pretrained_model_path!r} cannot be read: fix its permissions")
     if c.latent_cache:
@@ -51,11 +51,16 @@ def input_problems(c: TrainConfig) -> list[str]:
                 problems.append(str(error))
     elif c.use_ref_vae:
         folder = Path(c.ref_vae_path)
-        public = PUBLIC_PIPELINES.get(c.reference_family)
         default = TrainConfig.__dataclass_fields__["ref_vae_path"].default
+        named = family_named_by(c.ref_vae_path)
+        other = named if named and named != c.reference_family else ""  # the folder's name says another family
+        public = hub_repo_for(c.reference_family, c.ref_vae_path if not other else "")
         local = c.ref_vae_path if c.ref_vae_path != default or not public else f"pretrained/{public.split('/')[-1]}"
         example = (f" (e.g. hf download {public} --include 'vae/*' --local-dir {local}"
                    + ("" if local == c.ref_vae_path else f", then --set ref_vae_path={local}") + ")" if public else "")
+        if other:
+            example += (f"; its name suggests the {other} family: with ref_vae_family={other} (or auto), "
+                        f"hf download {hub_repo_for(other, c.ref_vae_path)} --include 'vae/*' --local-dir {c.ref_vae_path}")
         if folder.is_dir():
             if not (folder / "config.json").is_file() and not (folder / "vae" / "config.json").is_file():
                 problems.append(f"ref_vae_path={c.ref_vae_path!r} holds no config.json (nor vae/config.json): point it at "
@@ -84,9 +89,10 @@ def input_problems(c: TrainConfig) -> list[str]:
                             "fix the path, or set it to '' to scan data_root")
         elif unreadable(Path(c.index_path)):
             problems.append(f"index_path={c.index_path!r} cannot be read: fix its permissions")
-    for key in ("lpips_weights_path", "lpips_backbone_path"):
+    for key, name in (("lpips_weights_path", "alex.pth"), ("lpips_backbone_path", "alexnet-owt-7be5be79.pth")):
         if getattr(c, key) and not Path(getattr(c, key)).is_file():
-            problems.append(f"{key}={getattr(c, key)!r} does not exist: fix the path")
+            problems.append(f"{key}={getattr(c, key)!r} does not exist: fix the path, or fetch the file "
+                            f"({lpips_files_hint({name: getattr(c, key)})})")
     needs_lpips = [f"{t.weight_key}={getattr(c, t.weight_key)}" for t in active_terms(c) if t.module == "lpips"]
     needs_lpips += [f"best_metric={c.best_metric}"] * ("lpips" in c.best_metric)
     if needs_lpips and not any(p.startswith("lpips_") for p in problems):
@@ -95,8 +101,24 @@ def input_problems(c: TrainConfig) -> list[str]:
         try:
             find_lpips_weights(c.lpips_backbone_path, c.lpips_weights_path)
         except LPIPSUnavailable as error:
-            problems.append(f"{' and '.join(needs_lpips)} needs LPIPS weights: {error}")
+            import torch
+
+            missing = missing_lpips_files(c.lpips_backbone_path, c.lpips_weights_path, torch.hub.get_dir())
+            problems.append(f"{' and '.join(needs_lpips)} needs LPIPS weights: {error}; {lpips_files_hint(missing)}")
     return problems
+
+
+def starting_weights_fix(c: TrainConfig, path: Path) -> str:
+    """Where the public weights a missing pretrained_model_path names come from, and the command that
+    fetches them: the file's own variant when its name is a public one (checkpoints/taecvx.pth), else
+    the run's student's, at checkpoints/<variant>.pth."""
+    if path.stem in PUBLIC_TAEHV_BRANCHES:
+        return taehv_weights_hint(path.stem, path)
+    variant = student_of(c).variant
+    if variant not in PUBLIC_TAEHV_BRANCHES:
+        return f"{variant} has no public weights to start from"
+    suggested = f"checkpoints/{variant}.pth"
+    return f"{taehv_weights_hint(variant, suggested)}, then --set pretrained_model_path={suggested}"
 
 
 def data_root_problem(c: TrainConfig) -> str:

@@ -166,7 +166,7 @@ def apply(run: TrainingRun, local: LocalResult, window: Window) -> tuple[dict | 
                                       backward_ran=bool(began))
         logged = losses.logged
         if accelerator.sync_gradients and accelerator.state.deepspeed_plugin is None:
-            norm = accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm).detach().float()
+            norm = gradient_norm(accelerator, list(model.parameters()), config.max_grad_norm).detach().float()
             logged["grad_norm"] = norm
             # a finite loss can still give a non-finite gradient (a bf16 backward that overflows): the fused
             # AdamW then skips its update on the device (step counts included), as DeepSpeed's overflow
@@ -180,6 +180,16 @@ def apply(run: TrainingRun, local: LocalResult, window: Window) -> tuple[dict | 
                 logged["grad_norm"] = norm.detach().float() if isinstance(norm, torch.Tensor) else torch.tensor(float(norm))
         run.optimizer.zero_grad(set_to_none=True)
     return logged, "", ""
+
+
+def gradient_norm(accelerator, parameters: list, max_norm: float) -> torch.Tensor:
+    """The gradients' total norm (a device tensor), after clipping them to max_norm; max_norm=0 is no
+    clipping, as DeepSpeed reads gradient_clipping=0 (clip_grad_norm_ would scale every gradient by 0:
+    no step would learn). The norm is computed either way: the finiteness check reads it."""
+    if max_norm:
+        return accelerator.clip_grad_norm_(parameters, max_norm)
+    accelerator.unscale_gradients()  # what clip_grad_norm_ does first (fp16's loss scale)
+    return torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
 
 
 def reference_latents_for(run: TrainingRun, item: dict, video: torch.Tensor, check: bool = True) -> torch.Tensor | None:
