@@ -204,8 +204,6 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
         raise ConfigError(f"seraena_buffer_gb={c.seraena_buffer_gb} must be positive (host memory per rank for the replay buffer)")
     if not c.max_grad_norm >= 0:  # a negative norm would flip every gradient under DDP (NaN fails too)
         raise ConfigError(f"max_grad_norm={c.max_grad_norm} must be 0 (no clipping) or a positive gradient norm, e.g. 1.0")
-    if not c.max_grad_norm >= 0:  # a negative norm would flip every gradient under DDP (NaN fails too)
-        raise ConfigError(f"max_grad_norm={c.max_grad_norm} must be 0 (no clipping) or a positive gradient norm, e.g. 1.0")
     for key in (*WEIGHT_KEYS, "learning_rate"):
         if getattr(c, key) < 0:
             raise ConfigError(f"{key}={getattr(c, key)} must not be negative")
