@@ -665,3 +665,11 @@ def test_a_stopped_rank_ends_the_job_within_the_step_timeout(tmp_path, synthetic
     assert re.search(r"stopped on rank 0: a collective did not complete within step_timeout_s=10 s at step \d+: another "
                      r"rank stopped answering", output), output[-3000:]
     assert "the last checkpoint is " + str(run_dir / "checkpoints" / "checkpoint-") in output
+
+
+def test_the_documented_memory_plan_runs_on_a_bare_machine():
+    """troubleshooting.md's `python -m training.plan PROFILE --memory`, as written: no weights, VAE or data
+    on this machine, and the estimate needs none of them."""
+    result = run([sys.executable, "-m", "training.plan", "h100", "--memory"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "checkpoint:" in result.stdout

@@ -168,3 +168,32 @@ def test_optimizer_takes_the_configured_betas_and_each_schedule_has_diffusers_sh
 def test_an_unknown_schedule_is_refused_with_the_names():
     with pytest.raises(ConfigError, match="lr_scheduler='cosine_annealing': choose one of constant, constant_with_warmup"):
         load_config("test", ["lr_scheduler=cosine_annealing"])
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "polynomial"])
+def test_a_resume_with_a_lower_learning_rate_goes_on_at_its_step_with_the_new_peak(schedule):
+    """The schedule's saved state holds the peak it was built with; after a resume that lowers
+    learning_rate (training/step/optimizer.py set_peak_learning_rate) the rate at each later step is
+    what a run built with that peak has at the same step."""
+    from training.step.optimizer import set_peak_learning_rate
+
+    sets = [f"lr_scheduler={schedule}", "warmup_steps=3", "max_steps=10"]
+    first = load_config("test", sets + ["learning_rate=1e-3"])
+    optimizer, scheduler = build_optimizer(first, torch.nn.Linear(2, 2))
+    for _ in range(5):
+        optimizer.step()
+        scheduler.step()
+    lowered = load_config("test", sets + ["learning_rate=2e-4"])
+    optimizer, resumed = build_optimizer(lowered, torch.nn.Linear(2, 2))
+    resumed.load_state_dict(scheduler.state_dict())  # what a resume restores
+    set_peak_learning_rate(resumed, lowered.learning_rate)
+    reference_optimizer, reference = build_optimizer(lowered, torch.nn.Linear(2, 2))
+    for _ in range(5):
+        reference_optimizer.step()
+        reference.step()
+    for _ in range(3):
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(reference_optimizer.param_groups[0]["lr"], rel=1e-12)
+        assert resumed.get_last_lr() == pytest.approx(reference.get_last_lr(), rel=1e-12)
+        for opt, sched in ((optimizer, resumed), (reference_optimizer, reference)):
+            opt.step()
+            sched.step()

@@ -196,7 +196,8 @@ class TrainConfig:
                                               shell="CONFIG_ACCUMULATION")
     global_batch_size: int = option(128, "clips per optimizer step; must equal per-GPU x processes x accumulation (0 = derive it)",
                                     resume_may_change=True, shell="CONFIG_GLOBAL_BATCH")
-    learning_rate: float = option(1e-4, "peak AdamW learning rate of the student", legacy="learning_rate")
+    learning_rate: float = option(1e-4, "peak AdamW learning rate of the student; on a resume the schedule goes on at "
+                                  "its step, scaled to the new peak", resume_may_change=True, legacy="learning_rate")
     lr_scheduler: str = option("cosine", "schedule, with diffusers' names and shapes: " + ", ".join(SCHEDULES),
                                legacy="lr_scheduler")
     warmup_steps: int = option(2000, "linear warm-up steps", legacy="lr_warmup_steps")

@@ -57,7 +57,7 @@ from training.loop.validation import evaluation_model, validation_due, record_va
 from training.run.checkpoint_files import complete_checkpoints
 from training.run.folder import Run, load_run, record_run
 from training.step.ema import PartitionedEMA, WeightEMA
-from training.step.optimizer import build_optimizer, state_in_parameter_layout
+from training.step.optimizer import build_optimizer, set_peak_learning_rate, state_in_parameter_layout
 from training.step.weights import full_state_dict, weights_fingerprint
 
 
@@ -197,6 +197,7 @@ def build_run(args: argparse.Namespace) -> TrainingRun:
     if resume_from is not None:
         resume(run, resume_from)
         state_in_parameter_layout(run.optimizer)
+        set_peak_learning_rate(run.scheduler, config.learning_rate)
     run.profiler = start_profiler(run_dir, accelerator.process_index) if args.torch_profile else None
     run.stop.install()
     return run

@@ -54,9 +54,11 @@ class Run:
     restored: bool = False
     changes: list[tuple[str, object, object]] = field(default_factory=list)
     launch: dict = field(default_factory=dict)  # what launch.json records after this launch
+    branch_of: Path | None = None  # the run folder a branch (--resume CKPT --output-dir NEW) continues
 
     def change_lines(self) -> list[str]:
-        return [f"resume changes {key}: {old!r} -> {new!r}" for key, old, new in self.changes]
+        what = "branch" if self.branch_of is not None else "resume"
+        return [f"{what} changes {key}: {old!r} -> {new!r}" for key, old, new in self.changes]
 
 
 def find_resume_checkpoint(resume: str, run_dir: Path) -> Path | None:
@@ -102,15 +104,19 @@ def load_run(profile_or_path: str, overrides: list[str] | None = None, num_proce
     resume_from = find_resume_checkpoint(resume, run_dir) if resume else None
     own_overrides = {key: value for key, value in set_values.items() if key != "output_dir"}
     launch = {"profile": profile_or_path, "source": source, "overrides": own_overrides}
-    recorded_path = run_dir / RESOLVED
-    if resume_from is None or not recorded_path.is_file():  # a fresh run, or a branch into a new folder
+    # a resume continues its run folder's settings; a branch (a checkpoint of another run into a new
+    # folder) those of the run it branches, with any key the command line gives changed
+    branch_of = resume_from.parent.parent if resume_from is not None and not (run_dir / RESOLVED).is_file() else None
+    recorded_dir = branch_of or run_dir
+    recorded_path = recorded_dir / RESOLVED
+    if resume_from is None or not recorded_path.is_file():  # a fresh run, or a checkpoint without its run's record
         config = build_config({**values, "output_dir": str(run_dir)}, num_processes, check_paths,
                               "max_steps" in set_values, notes, frozenset(set_values))
         return Run(config, run_dir, resume_from, launch=launch)
 
     recorded = json.loads(recorded_path.read_text())
     try:
-        recorded_launch = json.loads((run_dir / LAUNCH).read_text())
+        recorded_launch = json.loads((recorded_dir / LAUNCH).read_text())
     except (OSError, ValueError):  # a run from before launch.json: its resolved keys are all there is
         recorded_launch = {"source": source, "overrides": {}}
     restored = {key: recorded[key] for key in SETTABLE_KEYS if key in recorded}
@@ -121,7 +127,7 @@ def load_run(profile_or_path: str, overrides: list[str] | None = None, num_proce
         for key in RESUME_MAY_CHANGE - set(recorded_launch.get("overrides", {})):
             restored[key] = values.get(key, TrainConfig.__dataclass_fields__[key].default)
     for key, value in own_overrides.items():
-        if key in RESUME_MAY_CHANGE:
+        if key in RESUME_MAY_CHANGE or branch_of is not None:
             restored[key] = value
         elif not _same(value, restored.get(key)):
             raise ResumeError(
@@ -134,9 +140,12 @@ def load_run(profile_or_path: str, overrides: list[str] | None = None, num_proce
     after = config.to_dict()
     changes = [(key, recorded.get(key), after[key]) for key in SETTABLE_KEYS
                if key != "output_dir" and key not in DERIVED_KEYS and not _same(recorded.get(key), after[key])]
-    pinned = {**recorded_launch.get("overrides", {}), **{k: v for k, v in own_overrides.items() if k in RESUME_MAY_CHANGE}}
+    pinned = {**recorded_launch.get("overrides", {}),
+              **{k: v for k, v in own_overrides.items() if k in RESUME_MAY_CHANGE or branch_of is not None}}
     launch = {**recorded_launch, "overrides": pinned}
-    return Run(config, run_dir, resume_from, restored=True, changes=changes, launch=launch)
+    if branch_of is not None:
+        launch["branch_of"] = str(resume_from)
+    return Run(config, run_dir, resume_from, restored=True, changes=changes, launch=launch, branch_of=branch_of)
 
 
 def check_writable(run_dir: Path) -> None:
@@ -234,9 +243,9 @@ def record_run(run: Run) -> None:
     resolved config beside."""
     run.run_dir.mkdir(parents=True, exist_ok=True)
     lock_run_folder(run.run_dir)
-    if run.restored and not run.changes:
+    if run.restored and not run.changes and run.branch_of is None:
         return
-    if run.restored:
+    if run.restored and run.branch_of is None:
         step = run.resume_from.name.split("-")[-1]
         previous = run.run_dir / RESOLVED
         previous.replace(run.run_dir / f"resolved_config.until-step-{step}.json")

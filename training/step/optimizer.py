@@ -71,3 +71,14 @@ def state_in_parameter_layout(optimizer) -> None:
         for key, value in state.items():
             if torch.is_tensor(value) and value.shape == param.shape and value.stride() != param.stride():
                 state[key] = torch.empty_like(param, dtype=value.dtype).copy_(value)
+
+
+def set_peak_learning_rate(scheduler, learning_rate: float) -> None:
+    """After a resume: the schedule goes on at its step with `learning_rate` as its peak (a resume may
+    lower it: the fix for a loss that went non-finite). The scheduler's saved state holds the peak it
+    was built with; its factor at the current step is unchanged."""
+    scheduler.base_lrs = [learning_rate for _ in scheduler.base_lrs]
+    rates = [learning_rate * factor(scheduler.last_epoch) for factor in scheduler.lr_lambdas]
+    for group, rate in zip(scheduler.optimizer.param_groups, rates):
+        group["initial_lr"], group["lr"] = learning_rate, rate
+    scheduler._last_lr = rates
