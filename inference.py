@@ -1,4 +1,4 @@
-"""Evaluate a TAEHV model on real videos, optionally against the reference VAE it was distilled
+r"""Evaluate a TAEHV model on real videos, optionally against the reference VAE it was distilled
 from, beside an 8x8 block average of the same frames; or compare several models on the same clips.
 
     python inference.py --model output/latest --videos /data/eval_clips --num-samples 20 \
@@ -20,11 +20,13 @@ checkpoint folder (checkpoints/checkpoint-N: its EMA weights), or a public-forma
 --native: each clip at its own size, rounded down to a multiple of 8 x the variant's patch size.
 
 Writes to --out: report.json (layout in docs/evaluation.md), report.md, per clip a side-by-side
-mp4 (input | reconstruction | error x4) and per-frame PSNR plot, and contact_sheet.png. Every
-report has luma and chroma PSNR, the colourfulness ratio, flicker and the warping error, for the
-model and for the 8x8 block-average baseline. Unreadable clips are skipped with their reason; the
-exit code is non-zero only if nothing could be evaluated (2 for a bad argument, 1 for no clip
-evaluated).
+mp4 (input | reconstruction | error x4; with --ref-vae input | reference VAE | reconstruction |
+error x4), per_frame_psnr.png and contact_sheet.png. Every report has luma and chroma PSNR, the
+colourfulness ratio, flicker and the warping error, for the model and for the 8x8 block-average
+baseline. On stderr: the settings in one line, then a progress bar per clip, one step per stage
+(read, the round trip, the metrics, ...: a 17-frame 480x720 clip takes minutes on a CPU).
+Unreadable clips are skipped with their reason; the exit code is non-zero only if nothing could be
+evaluated (2 for a bad argument, 1 for no clip evaluated).
 """
 
 from __future__ import annotations
@@ -62,7 +64,6 @@ from scripts.evaluation_inputs import (
     held_out_clips,
     load_model,
     lpips_or_reason,
-    progress_over,
     read_video,
     student_round_trip,
 )
@@ -98,24 +99,72 @@ def pick_device(name: str) -> torch.device:
 # ------------------------------------------------------------------------------------------------
 
 
-def evaluate_clip(video: torch.Tensor, student: TAEHV, reference, speeds: dict, lpips, dtype,
-                  streaming: bool) -> tuple[dict, torch.Tensor, torch.Tensor]:
+class ClipProgress:
+    """One progress bar per clip on stderr (tqdm), one step per stage of its evaluation, the stage
+    running now after the bar: a stage of a 17-frame 480x720 clip takes a minute or more on a CPU."""
+
+    def __init__(self, label: str, reference: bool):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=len(clip_stages(reference)), desc=label, unit="stage", file=sys.stderr, leave=True,
+                        mininterval=0, bar_format="{desc}: {n}/{total} stages |{bar:12}| {elapsed}{postfix}")
+
+    def run(self, stage: str, function, *args):
+        self.bar.set_postfix_str(stage)
+        result = function(*args)
+        self.bar.update(1)
+        return result
+
+    def close(self, outcome: str = "done") -> None:
+        self.bar.set_postfix_str(outcome)
+        self.bar.close()
+
+
+def clip_stages(reference: bool) -> list[str]:
+    """The stages of one clip's evaluation, in order (evaluate_clip runs them)."""
+    stages = ["read", "student encode + decode", "metrics", "block average", "block average metrics"]
+    if reference:
+        stages += ["reference encode", "reference decode", "student decode of reference latents", "reference metrics"]
+    return stages
+
+
+def evaluate_clip(video: torch.Tensor, student: TAEHV, reference, speeds: dict, lpips, dtype, streaming: bool,
+                  progress: ClipProgress) -> tuple[dict, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Metrics for every mode and for the 8x8 block average of the same frames; the student's round
-    trip and the baseline's (for the pictures)."""
+    trip, the baseline's and the reference VAE's (None without one), for the pictures."""
+    stage, names = progress.run, iter(clip_stages(reference is not None)[1:])
     warps = SourceWarps(video)  # the source's flow, once per clip for every mode
-    decoded = student_round_trip(student, video, speeds["student"], dtype, streaming)
+    decoded = stage(next(names), student_round_trip, student, video, speeds["student"], dtype, streaming)
     target = video[:, : decoded.shape[1]]
-    metrics = {"frames": decoded.shape[1], **clip_metrics(decoded, target, lpips, warps)}
-    baseline = block_average_round_trip(target, speeds[BASELINE])
-    metrics[BASELINE] = clip_metrics(baseline, target, lpips, warps)
+    metrics = {"frames": decoded.shape[1], **stage(next(names), clip_metrics, decoded, target, lpips, warps)}
+    baseline = stage(next(names), block_average_round_trip, target, speeds[BASELINE])
+    metrics[BASELINE] = stage(next(names), clip_metrics, baseline, target, lpips, warps)
+    ref_decoded = None
     if reference is not None:
-        ref_latents = speeds["reference"].run("encode", video.shape[1], reference.encode, video)
-        ref_decoded = speeds["reference"].run("decode", video.shape[1], reference.decode, ref_latents)
-        with torch.no_grad():
-            student_decoded = student.decode_video(ref_latents.to(dtype), parallel=not streaming).float()
-        metrics["decode_reference_latents"] = clip_metrics(student_decoded, video[:, : student_decoded.shape[1]], lpips, warps)
-        metrics["reference_round_trip"] = clip_metrics(ref_decoded, video[:, : ref_decoded.shape[1]], lpips, warps)
-    return metrics, decoded, baseline
+        ref_latents = stage(next(names), speeds["reference"].run, "encode", video.shape[1], reference.encode, video)
+        ref_decoded = stage(next(names), speeds["reference"].run, "decode", video.shape[1], reference.decode, ref_latents)
+
+        def decode_reference_latents():
+            with torch.no_grad():
+                return student.decode_video(ref_latents.to(dtype), parallel=not streaming).float()
+
+        student_decoded = stage(next(names), decode_reference_latents)
+
+        def reference_metrics():
+            return {"decode_reference_latents": clip_metrics(student_decoded, video[:, : student_decoded.shape[1]], lpips, warps),
+                    "reference_round_trip": clip_metrics(ref_decoded, video[:, : ref_decoded.shape[1]], lpips, warps)}
+
+        metrics.update(stage(next(names), reference_metrics))
+    return metrics, decoded, baseline, ref_decoded
+
+
+def settings_line(args, student: TAEHV, weights: Path, device: torch.device, clips: int) -> str:
+    """What this evaluation runs, in one line: the first a person sees, before minutes of work."""
+    size = "its native size" if args.native else f"{args.height}x{args.width}"
+    reference = f"; reference VAE {args.ref_vae} ({args.ref_vae_path})" if args.ref_vae else ""
+    return (f"inference.py: model {weights} ({student.variant}), {clips} clip{'s' * (clips != 1)}, {args.frames} frames "
+            f"(stride {args.stride}) at {size}, device {device}, {args.dtype}{', streaming' if args.streaming else ''}"
+            f"{reference}; writing to {args.out}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -123,8 +172,18 @@ def evaluate_clip(video: torch.Tensor, student: TAEHV, reference, speeds: dict, 
 # ------------------------------------------------------------------------------------------------
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The description as written, and each option's default after its help (not for flags, nor for
+    options whose default is nothing: their help says what happens then)."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False, "", []):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def parse_args(argv: list[str] | None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--model", type=Path, help="the model to evaluate (see above)")
     parser.add_argument("--compare", nargs="+", metavar="MODEL",
                         help=f"instead of --model: several models (as --model takes them, or `{REFERENCE}` for the "
@@ -135,8 +194,8 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--num-samples", type=int, help="evaluate at most this many clips")
     parser.add_argument("--frames", type=int, default=17, help="frames per clip (the reference family's rule applies)")
     parser.add_argument("--stride", type=int, default=1, help="take every K-th frame")
-    parser.add_argument("--height", type=int, default=480)
-    parser.add_argument("--width", type=int, default=720)
+    parser.add_argument("--height", type=int, default=480, help="frame height (a multiple of 8 x the patch size)")
+    parser.add_argument("--width", type=int, default=720, help="frame width (a multiple of 8 x the patch size)")
     parser.add_argument("--native", action="store_true", help="each clip at its own size (see above)")
     parser.add_argument("--ref-vae", choices=("auto", *FAMILIES),
                         help="reference VAE family; auto (the default with --ref-vae-path) reads the class from its "
@@ -151,7 +210,7 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--lpips-backbone", default="", help="AlexNet file for LPIPS (default: torch hub cache)")
     parser.add_argument("--lpips-heads", default="", help="LPIPS v0.1 alex.pth (default: torch hub cache)")
     parser.add_argument("--no-media", action="store_true", help="skip the mp4s and pictures (report files only)")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True, help="folder for the report and the pictures")
     return parser.parse_args(argv)
 
 
@@ -223,23 +282,29 @@ def main(argv: list[str] | None = None) -> int:
         speeds["reference"] = Speed(device)
 
     paths = paths[: args.num_samples]
+    print(settings_line(args, student, weights, device, len(paths)), file=sys.stderr, flush=True)
     clips, sheet, start = [], [], time.perf_counter()
-    for clip_number, path in enumerate(progress_over(paths)):
+    for clip_number, path in enumerate(paths):
         entry = {"path": str(path)}
+        progress = ClipProgress(f"clip {clip_number + 1}/{len(paths)} {path.name}", reference is not None)
         try:
-            height, width, video = read_video(path, args, 8 * student.patch_size, device)
+            height, width, video = progress.run("read", read_video, path, args, 8 * student.patch_size, device)
         except ClipError as error:
+            progress.close(f"skipped: {error.reason}")
             clips.append({**entry, "status": "skipped", "reason": error.reason})
             continue
-        metrics, decoded, blurred = evaluate_clip(video, student, reference, speeds, lpips, DTYPES[args.dtype], args.streaming)
+        metrics, decoded, blurred, ref_decoded = evaluate_clip(video, student, reference, speeds, lpips, DTYPES[args.dtype],
+                                                               args.streaming, progress)
+        progress.close(f"{metrics['psnr']:.2f} dB")
         clip = {**entry, "status": "ok", "height": height, "width": width, **metrics}
         if not args.no_media:
             clip["side_by_side"] = f"clip_{clip_number:04d}_{path.stem}.mp4"
-            write_mp4(args.out / clip["side_by_side"], side_by_side(video, decoded))
+            write_mp4(args.out / clip["side_by_side"], side_by_side(video, decoded, reference=ref_decoded))
             middle = slice(decoded.shape[1] // 2, decoded.shape[1] // 2 + 1)
             label = (f"{path.name}  {metrics['psnr']:.2f} dB, chroma {metrics['chroma_psnr']:.2f} dB "
                      f"(block average {metrics[BASELINE]['psnr']:.2f}, {metrics[BASELINE]['chroma_psnr']:.2f})")
-            sheet.append((label, side_by_side(video[:, middle], decoded[:, middle], blurred[:, middle])[0]))
+            middle_reference = ref_decoded[:, middle] if ref_decoded is not None else None
+            sheet.append((label, side_by_side(video[:, middle], decoded[:, middle], blurred[:, middle], reference=middle_reference)[0]))
         clips.append(clip)
     evaluated = [c for c in clips if c["status"] == "ok"]
     mean = {**mean_of(evaluated), **frame_position_means(evaluated)}
@@ -269,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     write_json(args.out / "report.json", report)
     write_markdown(args.out / "report.md", report)
     if sheet:
-        write_contact_sheet(args.out / "contact_sheet.png", sheet, f"input | reconstruction | {BASELINE_NAME} | error x4")
+        panels = f"input | {'reference VAE | ' if reference is not None else ''}reconstruction | {BASELINE_NAME} | error x4"
+        write_contact_sheet(args.out / "contact_sheet.png", sheet, panels)
         write_psnr_plot(args.out / "per_frame_psnr.png", evaluated)
     print_summary(report, args.out, bool(sheet))
     return 0 if evaluated else 1

@@ -83,8 +83,9 @@ def write_markdown(path: Path, report: dict) -> None:
         if isinstance(speed, dict):
             lines.append(f"| {BASELINE_NAME if name == BASELINE else name} | {number(speed['encode_frames_per_second'])} | "
                          f"{number(speed['decode_frames_per_second'])} | {number(speed['peak_gpu_memory_gb'])} |")
-    lines += ["", "Pictures: `<clip>.mp4` (input | reconstruction | error x4), `contact_sheet.png` (input | reconstruction | "
-              f"{BASELINE_NAME} | error x4), `per_frame_psnr.png`.", ""]
+    ref = "reference VAE | " if "reference_round_trip" in mean else ""
+    lines += ["", f"Pictures: `<clip>.mp4` (input | {ref}reconstruction | error x4), `contact_sheet.png` (input | {ref}"
+              f"reconstruction | {BASELINE_NAME} | error x4), `per_frame_psnr.png`.", ""]
     path.write_text("\n".join(lines))
 
 
@@ -125,12 +126,16 @@ def print_summary(report: dict, out: Path, pictures: bool) -> None:
 # ------------------------------------------------------------------------------------------------
 
 
-def side_by_side(video: torch.Tensor, decoded: torch.Tensor, *others: torch.Tensor) -> torch.Tensor:
-    """T,H,kW uint8: input | reconstruction | others... | error x ERROR_GAIN."""
-    target = video[0, : decoded.shape[1]].float().cpu()
-    out = decoded[0].float().cpu()
+def side_by_side(video: torch.Tensor, decoded: torch.Tensor, *others: torch.Tensor,
+                 reference: torch.Tensor | None = None) -> torch.Tensor:
+    """T,H,kW uint8 from 1,T,3,H,W in [0, 1]: input | reference VAE (when given) | reconstruction |
+    others... | the reconstruction's error x ERROR_GAIN, over the frames all of them have."""
+    frames = min(t.shape[1] for t in (video, decoded, *others, *([reference] if reference is not None else [])))
+    target = video[0, :frames].float().cpu()
+    out = decoded[0, :frames].float().cpu()
     error = ((out - target).abs() * ERROR_GAIN).clamp(0, 1)
-    panel = torch.cat([target, out, *(o[0, : decoded.shape[1]].float().cpu().clamp(0, 1) for o in others), error], dim=-1)
+    before = [reference[0, :frames].float().cpu().clamp(0, 1)] if reference is not None else []
+    panel = torch.cat([target, *before, out, *(o[0, :frames].float().cpu().clamp(0, 1) for o in others), error], dim=-1)
     return (panel * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous()
 
 

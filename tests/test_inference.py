@@ -88,6 +88,14 @@ def test_report_fields_metrics_pictures_and_skips(setup, tmp_path):
     assert result.returncode == 0, result.stderr
     report = json.loads((out / "report.json").read_text())
     assert report["model"]["variant"] == "taehv" and report["model"]["path"].endswith("final/taehv.safetensors")
+    # stderr: the settings first, then a bar per clip whose last state is its outcome (minutes per clip on a CPU at 480x720)
+    lines = result.stderr.splitlines()  # tqdm's \r updates split too: each line is one state of a bar
+    assert lines[0] == (f"inference.py: model {report['model']['path']} (taehv), 4 clips, 9 frames (stride 1) at 32x48, "
+                        f"device cpu, fp32; writing to {out}")
+    ends = {line.split(":")[0]: line for line in lines[1:] if line.startswith("clip ")}  # each bar's last state
+    assert len(ends) == 4 and ends["clip 1/4 broken.mp4"].endswith("skipped: open_error"), ends
+    assert all("5/5 stages" in line and line.endswith(" dB") for name, line in ends.items() if "broken" not in name), ends
+    assert any(line.endswith("student encode + decode") for line in lines)  # the stage running now is named
     assert report["model"]["args"]["patch_size"] == 1 and report["model"]["code_version"]
     ok = [c for c in report["clips"] if c["status"] == "ok"]
     skipped = [c for c in report["clips"] if c["status"] == "skipped"]
@@ -142,6 +150,34 @@ def test_report_fields_metrics_pictures_and_skips(setup, tmp_path):
     assert f"| {first['path']} | {baseline['psnr']:.2f} |" in markdown  # the baseline's row of the clip
     assert f"8x8 block average (baseline), same frames: PSNR {report['baseline']['mean']['psnr']:.2f} dB" in result.stdout
     assert f"chroma PSNR {mean['chroma_psnr']:.2f} dB, colourfulness ratio {mean['colourfulness_ratio']:.2f}" in result.stdout
+
+
+def test_help_shows_every_default():
+    import inference
+
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout), pytest.raises(SystemExit):
+        inference.parse_args(["--help"])
+    text = " ".join(stdout.getvalue().split("options:")[1].split())  # the options' help, unwrapped
+    for option, default in (("--frames FRAMES", 17), ("--height HEIGHT", 480), ("--width WIDTH", 720), ("--stride STRIDE", 1),
+                            ("--device DEVICE", "auto"), ("--dtype {fp32,bf16,fp16}", "fp32")):
+        assert option in text and f"(default: {default})" in text.split(option, 1)[1].split(" --", 1)[0], option
+    assert "(default: None)" not in text and "(default: False)" not in text
+    assert "--num-samples 20 \\" in stdout.getvalue()  # the examples as written (a continued line stays continued)
+
+
+def test_side_by_side_panels_in_order():
+    """input | reference VAE | reconstruction | error x4 over the frames all have; without a reference,
+    input | reconstruction | others | error x4."""
+    from scripts.evaluation_report import ERROR_GAIN, side_by_side
+
+    video, ours, theirs, blurred = (torch.full((1, 5, 3, 8, 8), v) for v in (0.5, 0.45, 0.3, 0.2))
+    picture = side_by_side(video, ours[:, :4], reference=theirs)
+    assert picture.shape == (4, 8, 4 * 8, 3)
+    expected = [0.5, 0.3, 0.45, 0.05 * ERROR_GAIN]
+    assert [round(picture[0, 0, 8 * i, 0].item() / 255, 2) for i in range(4)] == expected
+    picture = side_by_side(video, ours, blurred)
+    assert [round(picture[0, 0, 8 * i, 0].item() / 255, 2) for i in range(4)] == [0.5, 0.45, 0.2, 0.05 * ERROR_GAIN]
 
 
 def test_side_by_side_video_shows_input_reconstruction_and_error(setup, tmp_path):
@@ -214,12 +250,21 @@ def test_reference_vae_modes(setup, tmp_path):
     vae_class("cogvideox")(**tiny_reference_vae_config("cogvideox")).save_pretrained(str(folder / "vae"))
     torch.save(TAEHV("taecvx").state_dict(), tmp_path / "taecvx.pth")
     args = ["--model", str(tmp_path / "taecvx.pth"), "--variant", "taecvx", "--videos", str(videos / "sample_0000.mp4"),
-            "--height", "32", "--width", "48", "--ref-vae", "cogvideox", "--ref-vae-path", str(folder), "--no-media"]
-    bad = run_inference(*args, "--frames", "13", "--out", str(tmp_path / "bad"))
+            "--height", "32", "--width", "48", "--ref-vae", "cogvideox", "--ref-vae-path", str(folder)]
+    bad = run_inference(*args, "--frames", "13", "--no-media", "--out", str(tmp_path / "bad"))
     assert bad.returncode == 2 and "--frames 13 does not suit the cogvideox VAE: use one of [9, 17" in bad.stderr
     result = run_inference(*args, "--frames", "9", "--out", str(tmp_path / "ok"))
     assert result.returncode == 0, result.stderr
+    assert f"reference VAE cogvideox ({folder})" in result.stderr.splitlines()[0]
+    assert "9/9 stages" in result.stderr and "reference decode" in result.stderr
     report = json.loads((tmp_path / "ok" / "report.json").read_text())
+    # the reference VAE's reconstruction is in the side-by-side video: input | reference VAE | ours | error x4
+    import av
+
+    with av.open(str(tmp_path / "ok" / report["clips"][0]["side_by_side"])) as container:
+        frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    assert len(frames) == 9 and frames[0].shape == (32, 4 * 48, 3)
+    assert "(input | reference VAE | reconstruction | error x4)" in (tmp_path / "ok" / "report.md").read_text()
     clip = report["clips"][0]
     for mode in ("decode_reference_latents", "reference_round_trip"):
         assert len(clip[mode]["per_frame_psnr"]) == 9 and clip[mode]["psnr"] > 0
