@@ -153,13 +153,15 @@ run_stages() {
       kill -0 "$STAGE_CHILD" 2>/dev/null || break
     done
     trap - TERM INT HUP
-    (( status == 0 )) || return "$status"
-    if [[ ! -f "$stage_dir/FINISHED" ]]; then
+    if [[ ! -f "$stage_dir/FINISHED" && -f "$stage_dir/STOPPED_CLEANLY" ]]; then  # stopped by a signal: exit 143 too
       local again=("$0" "$NGPU" "$PROFILE" ${CONFIG_PATH:+"$CONFIG_PATH"} "${USER_OPTIONS[@]+"${USER_OPTIONS[@]}"}")
       [[ " ${USER_OPTIONS[*]+"${USER_OPTIONS[*]}"} " == *" --output-dir "* ]] || again+=(--output-dir "$OUTPUT_DIR")
-      echo "stopped in stage $k ($name); continue the staged run with:$(printf ' %q' "${again[@]}")"
-      return 0
+      local node_variables=""
+      (( NUM_MACHINES > 1 )) && node_variables=" NUM_MACHINES=$NUM_MACHINES MACHINE_RANK=$MACHINE_RANK MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
+      echo "stopped in stage $k ($name); continue the staged run with:$node_variables$(printf ' %q' "${again[@]}")"
+      return 143
     fi
+    (( status == 0 )) || return "$status"
     previous="$stage_dir"
   done
   ln -sfn "$(basename "$previous")/final" "$OUTPUT_DIR/final"
@@ -298,10 +300,15 @@ while :; do
   wait "$CHILD" || STATUS=$?
   (( SIGNALLED && STATUS > 128 )) || break
 done
-RESUME_COMMAND="$0 $NGPU $PROFILE${CONFIG_PATH:+ $CONFIG_PATH} --output-dir $OUTPUT_DIR --resume latest"
+# the continue line, as printed, runs this machine's part of the job again (the others run theirs)
+NODE_VARIABLES=""
+(( NUM_MACHINES > 1 )) && NODE_VARIABLES="NUM_MACHINES=$NUM_MACHINES MACHINE_RANK=$MACHINE_RANK MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT "
+RESUME_COMMAND="$NODE_VARIABLES$0 $NGPU $PROFILE${CONFIG_PATH:+ $CONFIG_PATH} --output-dir $OUTPUT_DIR --resume latest"
+# A stop by a signal exits 143 (128 + SIGTERM) after its checkpoint, never 0: a job scheduler reads 0 as
+# done and would never restart a preempted run (docs/howto/train-multinode.md).
 if [[ -f "$OUTPUT_DIR/STOPPED_CLEANLY" ]]; then
   echo "stopped cleanly: checkpoint $OUTPUT_DIR/checkpoints/$(cat "$OUTPUT_DIR/STOPPED_CLEANLY"); continue with: $RESUME_COMMAND"
-  exit 0
+  exit 143
 fi
 # A stop that came after the run had exported its final weights (the agent was tearing down): done.
 if (( STATUS != 0 && SIGNALLED_EVER )) && [[ -f "$OUTPUT_DIR/FINISHED" ]]; then

@@ -8,7 +8,7 @@ Faults, in a seeded random order after one of each kind in the order below:
 - checkpoint_write: SIGKILL the whole process tree while a checkpoint is being written, when its
   temporary folder exists, has its first file, or half its files (as a lost node does);
 - sigkill_rank: SIGKILL one training process (a crashed rank); torchrun tears down the rest;
-- sigterm: SIGTERM to the launcher (preemption); the run checkpoints and exits 0;
+- sigterm: SIGTERM to the launcher (preemption); the run checkpoints and exits 143;
 - sigkill_agent: SIGKILL torchrun's agent; its ranks must die with it, not train on as orphans.
 Every run, the uninterrupted one included, has Seraena on and a NaN loss at micro-steps 2 and 11
 (skipped batches), so an exact resume must restore each rank's replay buffer and random state and

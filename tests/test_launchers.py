@@ -251,7 +251,7 @@ def test_ctrl_c_checkpoints_and_the_printed_command_continues_the_same_run(tmp_p
         time.sleep(0.2)
     os.killpg(launcher.pid, signal.SIGINT)
     output = launcher.communicate(timeout=120)[0]
-    assert launcher.returncode == 0, output[-3000:]
+    assert launcher.returncode == 143, output[-3000:]  # stopped before its last step: a scheduler restarts it
     assert "Traceback" not in output and "SignalException" not in output, output[-3000:]
     assert f"quick trial: max_steps={steps} caps validation_steps 100 -> {steps}, checkpointing_steps 100 -> {steps}" in output
     last = output.strip().splitlines()[-1]
@@ -673,3 +673,50 @@ def test_the_documented_memory_plan_runs_on_a_bare_machine():
     result = run([sys.executable, "-m", "training.plan", "h100", "--memory"])
     assert result.returncode == 0, result.stderr[-2000:]
     assert "checkpoint:" in result.stdout
+
+
+def documented_job_specs() -> list[dict]:
+    import yaml
+
+    text = (REPO_ROOT / "docs" / "howto" / "train-multinode.md").read_text()
+    return [doc for block in re.findall(r"```yaml\n(.*?)```", text, re.S) for doc in yaml.safe_load_all(block) if doc]
+
+
+def job_after_pod_exit(job: dict, exit_code: int, disrupted: bool, failures_so_far: int = 0) -> str:
+    """What the Kubernetes Job controller does when a pod of this spec ends (batch/v1 semantics:
+    exit 0 completes the index; otherwise the first podFailurePolicy rule that matches acts
+    (Ignore: replaced, not counted; FailJob; Count), and a counted failure replaces the pod while
+    the failures stay within backoffLimit)."""
+    spec = job["spec"]
+    if exit_code == 0:
+        return "succeeded"
+    for rule in spec.get("podFailurePolicy", {}).get("rules", []):
+        conditions = [c["type"] for c in rule.get("onPodConditions", [])]
+        codes = rule.get("onExitCodes")
+        matches = ("DisruptionTarget" in conditions and disrupted) or (
+            codes is not None and (exit_code in codes["values"]) == (codes["operator"] == "In"))
+        if matches and rule["action"] == "Ignore":
+            return "restarted, not counted"
+        if matches and rule["action"] == "FailJob":
+            return "failed"
+        if matches:
+            break
+    return "restarted" if failures_so_far + 1 <= spec.get("backoffLimit", 6) else "failed"
+
+
+def test_the_documented_job_specs_restart_a_preempted_run_and_stop_on_a_config_error():
+    """Our exit codes as the documented Kubernetes Job and PyTorchJob read them: a finished run (0) is
+    done; a preemption (143, the launcher's code after its checkpoint: test_ctrl_c_...) is restarted, and
+    not counted as a failure when Kubernetes marked the pod disrupted; a config error (2) is final."""
+    specs = documented_job_specs()
+    job = next(doc for doc in specs if doc["kind"] == "Job")
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"  # what podFailurePolicy requires
+    assert job_after_pod_exit(job, 0, disrupted=False) == "succeeded"
+    assert job_after_pod_exit(job, 143, disrupted=True, failures_so_far=job["spec"]["backoffLimit"]) == "restarted, not counted"
+    assert job_after_pod_exit(job, 143, disrupted=False) == "restarted"
+    assert job_after_pod_exit(job, 4, disrupted=False) == "restarted"
+    assert job_after_pod_exit(job, 2, disrupted=False) == "failed"
+    pytorch_job = next(doc for doc in specs if doc["kind"] == "PyTorchJob")
+    replicas = pytorch_job["spec"]["pytorchReplicaSpecs"].values()
+    assert all(replica["restartPolicy"] == "OnFailure" for replica in replicas)  # any non-zero exit restarts
+    assert pytorch_job["spec"]["runPolicy"]["backoffLimit"] > 0

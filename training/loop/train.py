@@ -5,7 +5,8 @@
           says whether a step is its own: log, validation, checkpoint) -> finish (the export)
 
 Every way a rank ends maps to one exit code in one place: STARTUP_FAILURES before training,
-stopped() during it (2 config, 3 data or a stop the run decided, 4 another rank gone).
+stopped() during it (2 config, 3 data or a stop the run decided, 4 another rank gone), and
+STOPPED_BY_SIGNAL after a checkpoint on SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from models.cpu_bf16 import bf16_convolutions
 from models.variants import export_file_names
 from training.base.agreement import agree
 from training.base.failures import die_with_launcher, is_collective_timeout, is_peer_gone, set_collective_timeout
+from training.base.launch import STOPPED_BY_SIGNAL
 from training.base.run_log import RunLog, start_profiler
 from training.base.storage import StorageUnavailable
 from training.base.unwrap import unwrap
@@ -122,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             run.accelerator.end_training()
             if run.accelerator.is_main_process:  # tells the launcher this stop was handled (see train_taehv_h100.sh)
                 (run.run_dir / "STOPPED_CLEANLY").write_text(f"checkpoint-{run.progress.step}\n")
-            return 0  # preempted: the checkpoint is written; --resume latest continues
+            return STOPPED_BY_SIGNAL  # preempted: the checkpoint is written; --resume latest continues
         return finish(run)
 
 
