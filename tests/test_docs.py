@@ -177,3 +177,87 @@ def test_every_launcher_option_is_in_the_launching_reference():
     assert "--set" in options and "GPUS_PER_NODE" in variables  # the patterns still find them
     assert [option for option in options if f"`{option}" not in reference] == []
     assert [name for name in variables if f"`{name}`" not in reference] == []
+
+
+def generated_memory_table() -> dict[str, tuple[str, str]]:
+    """profile -> (training step GB, GPU per rank GB) as docs/performance.md's generated table prints
+    them (the dry run's estimate; test_generated_parts_of_the_docs_are_current keeps it current)."""
+    text = (REPO_ROOT / "docs" / "performance.md").read_text()
+    part = text.split("<!-- generated: memory-table -->", 1)[1].split("<!-- end generated -->", 1)[0]
+    return {m[1]: (m[2], m[3]) for m in re.finditer(r"^\| `(\w+)` \([^)]*\) \| ([\d.]+) \| ([\d.]+)", part, re.M)}
+
+
+def readme_profile_rows() -> list[list[str]]:
+    """The cells of README.md's profile table (profile, GPUs, clip, engine, memory, measured)."""
+    rows = [line.strip("|").split(" | ") for line in (REPO_ROOT / "README.md").read_text().splitlines()
+            if line.startswith("| `")]
+    return [[cell.strip() for cell in row] for row in rows if len(row) == 6]
+
+
+def test_memory_figures_are_the_dry_runs():
+    """Every profile's docstring and README's table quote the memory per rank the dry run prints, to
+    its digit; a profile said 'about 45 GB' while the dry run printed 33.1 (issue 58)."""
+    import ast
+
+    table = generated_memory_table()
+    assert {"1gpu_h100", "h100", "16gpu_h100", "64gpu_h100", "a800"} <= set(table)
+    for profile, (step, rank) in table.items():
+        text = " ".join(ast.get_docstring(ast.parse((REPO_ROOT / "training" / "configs" / f"{profile}.py").read_text())).split())
+        assert re.findall(r"the step measures ([\d.]+) GB, the rank ([\d.]+) GB", text) == [(step, rank)], (profile, text)
+        assert not re.search(r"about \d+ GB", text), profile
+    rows = readme_profile_rows()
+    checked = 0
+    for profile, gpus, _, _, memory, _ in rows:
+        names = ["16gpu_h100", "64gpu_h100"] if gpus == "16, 64" else [profile.strip("`")]
+        if memory.endswith(" GB"):
+            assert all(memory == f"{table[name][1]} GB" for name in names), (profile, gpus, memory)
+            checked += len(names)
+    assert checked == 5
+
+
+def dated_benchmark_lines(figure: str) -> list[tuple[str, str]]:
+    """(date, line) of each line of docs/benchmarks.md that gives `figure` clips/s; the date is the
+    line's own, else its section's."""
+    found, heading_date = [], ""
+    for line in (REPO_ROOT / "docs" / "benchmarks.md").read_text().splitlines():
+        date = re.search(r"\d{4}-\d{2}-\d{2}", line)
+        if line.startswith("#"):
+            heading_date = date[0] if date else ""
+        if re.search(rf"(?<![\d.]){re.escape(figure)} clips/s", line.replace("**", "")):
+            found.append((date[0] if date else heading_date, line))
+    return found
+
+
+def test_throughput_figures_are_dated_measurements_per_gpu_under_their_engine():
+    """README's throughput: each figure is one docs/benchmarks.md gives, with its date; a several-GPU
+    profile's figure measured on one GPU says 'per GPU'; one measured under an engine the profile no
+    longer uses (1gpu_h100's 2.35 clips/s, under ZeRO-2) names it."""
+    measured = [row for row in readme_profile_rows() if "clips/s" in row[5]]
+    assert len(measured) >= 2
+    for profile, gpus, _, engine, _, cell in measured:
+        date = re.search(r"\d{4}-\d{2}-\d{2}", cell)
+        assert date, cell
+        for figure in re.findall(r"(?<![\d-])(\d+\.\d+)(?= clips/s| on the fly| cached)", cell):
+            sources = [line for day, line in dated_benchmark_lines(figure) if day == date[0]]
+            assert sources, f"{figure} clips/s ({date[0]}) is in no dated line of docs/benchmarks.md"
+            if gpus != "1":
+                assert "per GPU" in cell, cell
+            for other in ("ZeRO-2", "ZeRO-3", "DDP"):
+                if all(other in line for line in sources) and other not in engine:
+                    assert f"under {other}" in cell, (cell, other)
+
+
+def test_the_demo_time_is_the_latest_measured_one_everywhere():
+    """One figure for how long `make demo` takes: the latest `make demo` row of docs/benchmarks.md's
+    index, with its date, in README.md, docs/README.md and docs/quickstart.md; no other count of
+    minutes beside the demo (README said 15, docs/README.md about 10)."""
+    index = (REPO_ROOT / "docs" / "benchmarks.md").read_text().split("## Index", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split(" | ") for line in index.splitlines() if line.startswith("| 20") and "| `make demo`" in line]
+    date, figure = rows[-1][0].strip("| "), rows[-1][4]
+    took = re.search(r"\d+ m \d+ s", figure)[0]
+    for doc in ("README.md", "docs/README.md", "docs/quickstart.md"):
+        text = (REPO_ROOT / doc).read_text()
+        assert took in text and date in text, doc
+        for line in text.splitlines():
+            if "demo" in line.lower() or line.startswith("## "):
+                assert not re.search(r"\d+ minutes", line), (doc, line)

@@ -1,8 +1,9 @@
 """1 x H100 (debugging, small runs). Global batch: 4 per GPU x 1 GPU x 32 accumulation = 128.
 n_frames 17 replaces the old 19, which CogVideoX cannot align (it needs 8k+1 frames): the
-nearest valid count that does not need more memory. Memory (training/plan/memory.py, measured at
-this shape, 4 x 17 x 480 x 720, bf16, every loss term): the step about 50 GB, the whole rank
-about 53 GB of 80, within 90%; gradient_checkpointing=true or batch 2 leave room for more.
+nearest valid count that does not need more memory. Memory per rank, as the dry run prints it
+(training/plan/memory.py, measured at this shape, 4 x 17 x 480 x 720, bf16, every loss term): the
+step measures 49.6 GB, the rank 52.8 GB of 80, within 90%; gradient_checkpointing=true or batch 2
+leave room for more.
 
 One process without a sharding engine (ddp_gpu_bf16.yaml: accelerate's bf16 autocast, fp32 weights,
 fused AdamW): ZeRO shards nothing on one GPU, and its bookkeeping is host time a GPU step waits on.
