@@ -1,3 +1,4 @@
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -105,26 +106,40 @@ def test_training_state_round_trip_continues_exactly():
     assert all(torch.equal(a, b) for a, b in zip(straight.buffer.fakes, resumed.buffer.fakes))
 
 
-def test_a_non_finite_gradient_skips_the_discriminators_update_and_the_next_one_steps():
-    """A rank whose discriminator loss overflowed (here: a NaN in the gradients after the
-    reduction, as an all-reduce spreads one rank's NaN to all) leaves weights, moments and step
-    count as they were, decided on the device; the next finite step updates as usual."""
+@pytest.mark.parametrize("where", ["gradient", "forward", "another rank"])
+def test_a_non_finite_step_skips_the_discriminators_update_statistics_included_and_the_next_one_steps(where, monkeypatch):
+    """Through SeraenaState, as a run steps its discriminator: a non-finite gradient after the reduction,
+    a non-finite forward on this rank, or one on another rank (simulated: the all-reduce averages with a
+    rank whose every value is NaN, as gloo and NCCL would) leaves the weights, the BatchNorm running
+    statistics and counters, the moments and the step count as they were, decided on the device; the
+    next finite step updates as usual. The statistics used to be averaged regardless: one rank's NaN
+    reached every rank's, and every later correction was NaN (replaced, so no adversarial term)."""
+    from training.step import seraena as run_seraena
+
     torch.manual_seed(0)
-    seraena = Seraena(9, 16, buffer_size=8, seed=3)
-    batch = (torch.rand(4, 9, 16, 16), torch.rand(4, 9, 16, 16), torch.randn(4, 16, 2, 2))
-    seraena.discriminator_step(*batch)  # the moments exist
+    state = run_seraena.SeraenaState(16, 3e-4, 8, seed=3, rank=0, device=torch.device("cpu"), amp_dtype=None)
+    seraena = state.seraena
+    real, decoded, latents = torch.rand(2, 6, 3, 8, 8), torch.rand(2, 6, 3, 8, 8), torch.randn(2, 2, 16, 1, 1)
+    state.discriminator_step(real, decoded, latents)  # the moments exist
     weights = {k: v.clone() for k, v in seraena.disc.state_dict().items()}
     moments = {k: v.clone() for k, v in seraena.optimizer.state_dict()["state"][0].items()}
-
-    def overflowed(gradients):
-        gradients[3].view(-1)[0] = float("nan")
-
-    seraena.discriminator_step(*batch, reduce_gradients=overflowed)
-    assert all(torch.equal(weights[k], v) for k, v in seraena.disc.state_dict().items() if "running" not in k and "batches" not in k)
+    reduce = run_seraena.all_reduce_mean
+    if where == "gradient":  # one gradient overflowed after the reduction
+        def overflowed(tensors):
+            if len(tensors) == len(list(seraena.disc.parameters())):
+                tensors[3].view(-1)[0] = float("nan")
+        monkeypatch.setattr(run_seraena, "all_reduce_mean", overflowed)
+    elif where == "another rank":
+        monkeypatch.setattr(run_seraena, "all_reduce_mean", lambda tensors: [t.add_(float("nan")).div_(2) for t in tensors])
+    state.discriminator_step(real.clone().fill_(float("nan")) if where == "forward" else real, decoded, latents)
+    assert all(torch.equal(weights[k], v) for k, v in seraena.disc.state_dict().items())  # NaN equals nothing
+    assert any("running_" in k for k in weights)  # the BatchNorm statistics are in the check
     assert all(torch.equal(moments[k], v) for k, v in seraena.optimizer.state_dict()["state"][0].items())
-    seraena.discriminator_step(*batch)
-    changed = [k for k, v in seraena.disc.state_dict().items() if v.is_floating_point() and not torch.equal(weights[k], v)]
-    assert changed and all(torch.isfinite(v).all() for v in seraena.disc.state_dict().values())
+    monkeypatch.setattr(run_seraena, "all_reduce_mean", reduce)
+    state.discriminator_step(real, decoded, latents)
+    changed = {k for k, v in seraena.disc.state_dict().items() if v.is_floating_point() and not torch.equal(weights[k], v)}
+    assert any("running_" in k for k in changed) and any("running_" not in k for k in changed)
+    assert all(torch.isfinite(v).all() for v in seraena.disc.state_dict().values())
 
 
 def test_reduce_gradients_hook_sees_every_gradient():

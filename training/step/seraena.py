@@ -29,6 +29,28 @@ def all_reduce_mean(tensors: list[torch.Tensor]) -> None:
         offset += t.numel()
 
 
+class BufferSnapshot:
+    """Module buffers' values at one moment, kept flat per dtype (one copy each, not one per buffer), for
+    restore_where: the buffers take these values back where a device flag says so, without a host read."""
+
+    def __init__(self, buffers: list[torch.Tensor]):
+        self.groups = {}
+        for buffer in buffers:
+            self.groups.setdefault(buffer.dtype, []).append(buffer)
+        self.values = {dtype: flat(group) for dtype, group in self.groups.items()}
+
+    def restore_where(self, flag: torch.Tensor) -> None:
+        """Each buffer as it was where `flag` (a 0-dim bool tensor) is true, else as it is."""
+        for dtype, group in self.groups.items():
+            chosen = torch.where(flag, self.values[dtype], flat(group))
+            parts = chosen.split([b.numel() for b in group])
+            torch._foreach_copy_(group, [part.view_as(b) for part, b in zip(parts, group)])
+
+
+def flat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
 class SeraenaState:
     """Seraena in a multi-process run: identical initial weights on every rank (seeded), gradients
     and BatchNorm statistics averaged each step, so weights and optimizer stay identical. The
@@ -83,11 +105,20 @@ class SeraenaState:
         return real_groups, fake_groups, video_context(latents.detach().float(), fake_groups.shape[0] // decoded.shape[0])
 
     def _discriminator_step(self, real_groups, fake_groups, context) -> None:
+        # the BatchNorm buffers as they were: the forward updates them on each rank before anything is agreed
+        before = BufferSnapshot(list(self.seraena.disc.buffers()))
         # gradients averaged across ranks: a non-finite average skips the update on every rank alike
         self.seraena.discriminator_step(real_groups, fake_groups.detach().float(), context, reduce_gradients=all_reduce_mean)
         # the loss averaged with the BatchNorm statistics (one all-reduce): every rank counts the same collapse
         loss = self.seraena.last_stats["discriminator_loss"].reshape(1).float().clone()
-        all_reduce_mean([*self.seraena.batchnorm_buffers(), loss])
+        statistics = self.seraena.batchnorm_buffers()
+        all_reduce_mean([*statistics, loss])
+        # a step skipped for a non-finite gradient (one rank's non-finite forward spreads to all in the reduce)
+        # or with non-finite averaged statistics keeps every buffer as it was, as the weights are kept: else one
+        # rank's NaN statistics reach every rank, and correct()'s targets are NaN (replaced: no adversarial term)
+        # from then on. Decided on the device, alike on every rank (both are of all-reduced values): no host read
+        skipped = (self.seraena.optimizer.found_inf > 0) | ~torch.isfinite(torch.nn.utils.get_total_norm(statistics))
+        before.restore_where(skipped)
         self.seraena.last_stats["discriminator_loss"] = loss[0]
         failing = ~torch.isfinite(loss[0]) | (loss[0] < COLLAPSED_LOSS)
         self.failing_steps = torch.where(failing, self.failing_steps + 1, torch.zeros_like(self.failing_steps))
