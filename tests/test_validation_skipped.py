@@ -1,7 +1,8 @@
 """A validation that skips every held-out clip (non-finite reference latents: a bf16 overflow, or
 NaN latents in a latent cache) reports no metric: best_model/ and early stopping stay as they
 were, one line names the clips, and the next real validation is compared with the last real best.
-Two gloo ranks, each scoring one clip, call validation's functions as the training loop does."""
+The comparison with the starting weights (`<metric>_vs_start`) starts at the first validation that
+scores. Two gloo ranks, each scoring one clip, call validation's functions as the training loop does."""
 
 import hashlib
 import json
@@ -44,9 +45,14 @@ def validate_on_two_ranks(rank: int, port: int, folder: str) -> None:
     folder = Path(folder)
     accelerator = Accelerator(cpu=True, kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=60))])
     config = load_config("test", ["use_ref_vae=true", f"latent_cache={folder / 'cache'}", "n_frames=9", "model_variant=taecvx",
-                                  "validation_samples=2", "validation_batch_size=1"], 2, check_paths=False)
+                                  "validation_samples=2", "validation_batch_size=1",
+                                  f"pretrained_model_path={folder / 'start' / 'taecvx.pth'}"], 2, check_paths=False)
     torch.manual_seed(0)
     model = TAEHV("taecvx").eval()
+    if accelerator.is_main_process:  # the starting weights: the model validated at steps 1-4
+        (folder / "start").mkdir()
+        torch.save(model.state_dict(), folder / "start" / "taecvx.pth")
+    accelerator.wait_for_everyone()
     videos = [(torch.rand(9, 3, 32, 32) * 255).to(torch.uint8) for _ in range(2)]
     with torch.no_grad():  # the cache's latents as scripts/cache_latents.py stores them (bf16); NaN for a broken cache
         cached = [model.encode_video(video[None].float() / 255)[0].bfloat16() for video in videos]
@@ -63,12 +69,15 @@ def validate_on_two_ranks(rank: int, port: int, folder: str) -> None:
     run = SimpleNamespace(config=config, accelerator=accelerator, lpips=None, reference_vae=None, seams=Seams(),
                           log=RunLog(folder, enabled=accelerator.is_main_process), run_dir=folder,
                           model=SimpleNamespace(taehv=model), ema=SimpleNamespace(shadow=model.state_dict()),
-                          progress=SimpleNamespace(step=0, best_value=None, best_step=None, validations_without_improvement=0))
+                          progress=SimpleNamespace(step=0, best_value=None, best_step=None, validations_without_improvement=0,
+                                                   baseline=None))
     report = []
     for step in range(1, 6):  # what training/loop/train.py does at each validation
         run.progress.step = step
         run.validation_dataset = broken if step in SKIPPED else finite
-        metrics = validation.validate(run, GivesTheClipBack() if step == 5 else model)
+        if step == 4:  # as a checkpoint of a run before the fix kept it: the baseline of a validation that scored none
+            run.progress.baseline = {"skipped_clips": 2}
+        metrics = validation.with_baseline(run, validation.validate(run, GivesTheClipBack() if step == 5 else model))
         run.log.line(validation.validation_line(step, metrics))
         stop = validation.record_validation(run, metrics)
         progress = run.progress
@@ -93,6 +102,10 @@ def test_a_validation_that_skips_every_clip_reports_no_metric_and_keeps_the_best
         assert not entry["stop"]
     for entry in (first, again):  # no metric at all, only the count
         assert entry["metrics"] == {"skipped_clips": 2}
+    # the starting weights are scored at the first validation that scores (step 2), again after a resume whose
+    # checkpoint kept an unscored baseline (step 4); the model of steps 2 and 4 is the starting one
+    for entry in (skipped, equal):
+        assert entry["metrics"]["psnr_vs_start"] == 0.0 and entry["metrics"]["ssim_vs_start"] == 0.0, entry
     assert first["best_model"] is None and first["record"] == [None, None, 0]  # no NaN became the first best
     best_psnr = skipped["metrics"]["psnr"]
     assert skipped["record"] == [best_psnr, 2, 0] and skipped["best_model"]["step"] == 2
@@ -102,6 +115,7 @@ def test_a_validation_that_skips_every_clip_reports_no_metric_and_keeps_the_best
     assert equal["best_model"] == skipped["best_model"]
     assert better["metrics"]["psnr"] > best_psnr and better["record"] == [better["metrics"]["psnr"], 5, 0]
     assert better["best_model"]["step"] == 5
+    assert better["metrics"]["psnr_vs_start"] == better["metrics"]["psnr"] - best_psnr > 0
     log = (tmp_path / "train.log").read_text()
     assert not re.search(r"\bnan\b", log, re.IGNORECASE), log
     named = [line for line in log.splitlines() if "held_out_0.mp4" in line or "held_out_1.mp4" in line]

@@ -235,14 +235,19 @@ COMPARED_METRICS = ("psnr", "ssim", "lpips", "decode_psnr", "decode_ssim", "deco
 
 def with_baseline(run: TrainingRun, metrics: dict) -> dict:
     """When the run started from pretrained_model_path: the metrics plus `<metric>_vs_start`, the
-    change against those starting weights, scored on the same clips at the first validation (kept
-    in Progress, so a resumed run compares with the same numbers)."""
-    if not run.config.pretrained_model_path:
+    change against those starting weights, scored on the same clips at the first validation that
+    scores any (kept in Progress, so a resumed run compares with the same numbers). A validation that
+    skipped every clip scores the starting weights on none either: no baseline yet, the next one tries
+    again (a baseline of skipped_clips alone, kept, gave no `_vs_start` for good, resumes included)."""
+    if not run.config.pretrained_model_path or "psnr" not in metrics:  # the same clips would skip for the start too
         return metrics
-    if run.progress.baseline is None:
+    if run.progress.baseline is None or "psnr" not in run.progress.baseline:  # or one an older run kept unscored
         start = TAEHV.from_pretrained(run.config.pretrained_model_path, variant=student_of(run.config).variant)
-        run.progress.baseline = validate(run, start.to(run.accelerator.device).eval())
-        run.log.line(validation_line(0, run.progress.baseline).replace("Validation at step 0", "Starting weights"))
+        baseline = validate(run, start.to(run.accelerator.device).eval())
+        run.log.line(validation_line(0, baseline).replace("Validation at step 0", "Starting weights"))
+        run.progress.baseline = baseline if "psnr" in baseline else None
+        if run.progress.baseline is None:
+            return metrics
     compared = {f"{k}_vs_start": metrics[k] - run.progress.baseline[k]
                 for k in COMPARED_METRICS if k in metrics and k in run.progress.baseline}
     return {**metrics, **compared}
