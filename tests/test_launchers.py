@@ -273,6 +273,18 @@ def test_ctrl_c_checkpoints_and_the_printed_command_continues_the_same_run(tmp_p
     after = [e.value for e in events.Scalars("train/lr") if e.step > stopped_at]
     assert after and all(abs(lr - 3e-4) < 1e-9 for lr in after)  # float32 in the event file
 
+    # troubleshooting.md's branch, as written: a checkpoint of this run into a new folder, a lower rate;
+    # every other setting is the run's own (its data, its schedule), each change one line
+    branch_dir = tmp_path / "branch"
+    branch = subprocess.run([LAUNCHER, "1", "test", "--resume", str(run_dir / "checkpoints" / f"checkpoint-{stopped_at}"),
+                             "--output-dir", str(branch_dir), "--set", "learning_rate=1e-4", "--max-steps", str(stopped_at + 1)],
+                            cwd=REPO_ROOT, env={**env, "MASTER_PORT": str(free_port())}, capture_output=True, text=True, timeout=300)
+    assert branch.returncode == 0, branch.stderr[-3000:]
+    assert "branch changes learning_rate: 0.0003 -> 0.0001" in branch.stdout
+    assert f"Step {stopped_at + 1}/{stopped_at + 1}" in branch.stdout
+    recorded = json.loads((branch_dir / "resolved_config.json").read_text())
+    assert (recorded["data_root"], recorded["lr_scheduler"], recorded["learning_rate"]) == (str(synthetic_clips), "constant", 1e-4)
+
 
 def test_sigkill_of_the_launchers_process_group_leaves_nothing_behind_and_the_run_resumes(tmp_path, synthetic_clips):
     """The launcher owns its processes: `kill -9 -<pgid>` (an OOM killer's group kill, a scheduler)
