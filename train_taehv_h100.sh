@@ -285,7 +285,7 @@ fi
 # reaches only this script, which passes SIGTERM to the ranks (the agent's children): the agent
 # then sees its workers exit 0 and ends quietly instead of printing a traceback.
 rm -f "$OUTPUT_DIR/STOPPED_CLEANLY" "$OUTPUT_DIR/FINISHED"
-"$PYTHON" -c 'import os, sys; os.setpgid(0, 0); os.execvp(sys.argv[1], sys.argv[1:])' "${LAUNCH[@]}" &
+TAEHV_LAUNCHER_PID=$$ "$PYTHON" -c 'import os, sys; os.setpgid(0, 0); os.execvp(sys.argv[1], sys.argv[1:])' "${LAUNCH[@]}" &
 CHILD=$!
 stop_training() {
   SIGNALLED=1; SIGNALLED_EVER=1

@@ -12,8 +12,14 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file by accelerate launch: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training.base.fast_exit import exit_now  # noqa: E402
-from training.loop.train import main  # noqa: E402
-
 if __name__ == "__main__":
+    # The first act, before torch and the trainer load (seconds): a rank whose agent went while it
+    # started would otherwise train on as an orphan (training/base/launch.py, a light import).
+    from training.base.launch import die_with_agent
+
+    die_with_agent()
+
+    from training.base.fast_exit import exit_now
+    from training.loop.train import main
+
     exit_now(main())

@@ -3,14 +3,13 @@ itself, stop requests, ranks that die with their launcher."""
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 
 import torch
 
 
 class StopRequest:
-    """SIGTERM / SIGINT (preemption): finish the current step, checkpoint, exit 0."""
+    """SIGTERM / SIGINT (preemption): finish the current step, checkpoint, exit STOPPED_BY_SIGNAL (training/base/launch.py)."""
 
     def __init__(self):
         self.requested = False
@@ -50,11 +49,12 @@ def is_peer_gone(error: BaseException) -> bool:
 def die_with_launcher() -> None:
     """A rank whose agent dies (SIGKILL, the OOM killer) would otherwise train on as an orphan
     beside the restarted job, writing into the same run folder: Linux SIGKILLs it when its parent
-    goes. The last checkpoint is the resume point either way."""
-    from training.base.launch import UNDER_AGENT, die_with_parent
+    goes. training/taehv_train.py asks first, before torch loads (a rank whose agent went while it
+    started ends there); this asks again for a main() started some other way. The last checkpoint
+    is the resume point either way."""
+    from training.base.launch import die_with_agent
 
-    if "LOCAL_RANK" in os.environ or UNDER_AGENT in os.environ:  # torchrun's ranks; our agent's one process
-        die_with_parent()
+    die_with_agent()
 
 
 def set_collective_timeout(seconds: float) -> int:

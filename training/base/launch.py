@@ -25,9 +25,14 @@ from pathlib import Path
 from training.base.fast_exit import exit_now
 
 LOG_NAME = "launch.log"
-UNDER_AGENT = "TAEHV_UNDER_AGENT"  # set for the training processes this agent starts
+LAUNCHER_PID = "TAEHV_LAUNCHER_PID"  # the launcher script's pid, which must be this agent's parent
+AGENT_PID = "TAEHV_AGENT_PID"  # this agent's pid, which must be the parent of each training process it starts
 ERROR_DIR = "TAEHV_STARTUP_ERROR_DIR"  # where ranks leave their one-line start-up error for this process to print
-EXPLAINED = (2, 3, 4)  # exit codes whose one-line reason the training printed itself
+# How a run stopped by SIGTERM/SIGINT ends once its checkpoint is written: 128 + SIGTERM, as a process
+# the signal ended reports. Not 0: a Kubernetes Job, a PyTorchJob or a platform's retry would record a
+# preempted run as done and never restart it (docs/howto/train-multinode.md); --resume continues it.
+STOPPED_BY_SIGNAL = 143
+EXPLAINED = (2, 3, 4, STOPPED_BY_SIGNAL)  # exit codes whose one-line reason the training printed itself
 
 
 class Recorder(logging.Handler):
@@ -76,18 +81,34 @@ def watchdog_reason(run_dir: Path | None) -> str:
             "stopped answering or left; the NCCL lines above name the collective)")
 
 
-def die_with_parent() -> None:
+def die_with_parent(parent: int | None = None) -> None:
     """Linux SIGKILLs this process when its parent goes, by any signal. The launcher owns its agent
     this way (a SIGKILL of the launcher's process group does not reach the agent's own group), and
-    each rank its agent (training/loop/recovery.py die_with_launcher)."""
+    each rank its agent (die_with_agent).
+
+    `parent` is the pid the parent must be, known before this process started: a process whose
+    parent went before this call reads init (or a subreaper) as its parent, and would tie its death
+    signal to that and live on as an orphan; with `parent` it ends here instead. Without it, the
+    parent as it is at this call (a pool worker's initializer, right after its fork)."""
     if sys.platform != "linux":
         return
     import ctypes
 
-    parent = os.getppid()
+    expected = os.getppid() if parent is None else parent
     ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # the parent went before the request took effect
+    if os.getppid() != expected:  # the parent went before this call, or before the request took effect
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def die_with_agent() -> None:
+    """A training process's first act (training/taehv_train.py, before torch and the trainer load):
+    under the launchers' agent, die with it, which AGENT_PID names (the agent starts its ranks as
+    its own children: torchrun, or accelerate's plain subprocess for one process); under torchrun or
+    `accelerate launch` alone (LOCAL_RANK), with the parent it has now."""
+    if AGENT_PID in os.environ:
+        die_with_parent(int(os.environ[AGENT_PID]))
+    elif "LOCAL_RANK" in os.environ:
+        die_with_parent()
 
 
 def first_startup_error(folder: str) -> str:
@@ -101,8 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     import shutil
     import tempfile
 
-    die_with_parent()
-    os.environ[UNDER_AGENT] = "1"
+    launcher = os.environ.pop(LAUNCHER_PID, "")  # train_taehv_h100.sh names itself; a command typed by hand does not
+    die_with_parent(int(launcher) if launcher else None)
+    os.environ[AGENT_PID] = str(os.getpid())
     os.environ[ERROR_DIR] = tempfile.mkdtemp(prefix="taehv-launch-")
     try:
         return launch(argv)
