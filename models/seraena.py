@@ -237,20 +237,24 @@ class ReplayBuffer:
         return to_device(fakes, device).float() / 255, to_device(contexts, device).float()
 
     def state_dict(self) -> dict:
-        """The slab itself (no copy: a checkpoint writes it straight from host memory, capacity x
-        entry bytes, as the plan counts) and each filled slot's shapes."""
+        """The filled slots only (slots fill in order: they are the slab's first len(self) rows), and
+        each one's shapes: what the buffer holds, not its capacity. No host copy: the tensor saved
+        views exactly those bytes of the slab (torch.save writes a tensor's whole storage, so a slice
+        of the slab would write all of it)."""
         self.wait_for_copies()
-        return {"capacity": self.capacity, "entry_bytes": self.entry_bytes, "slab": self.slab,
+        filled = len(self) * (self.entry_bytes or 0)
+        held = torch.frombuffer(memoryview(self.slab.numpy())[:filled], dtype=torch.uint8) if filled else torch.empty(0, dtype=torch.uint8)
+        return {"capacity": self.capacity, "entry_bytes": self.entry_bytes, "slab": held,
                 "shapes": [(tuple(fake), tuple(context)) for fake, context in self.shapes]}
 
     def load_state_dict(self, state: dict) -> None:
-        """Also reads the earlier formats (separate tensors per entry; fp32 fakes before the buffer
-        was compact). The capacity stays this buffer's (what the plan counted); entries past it are
-        left out."""
+        """Each saved entry back into the slot it held. Also reads the earlier formats (the whole slab,
+        unfilled slots included; separate tensors per entry; fp32 fakes before the buffer was compact).
+        The capacity stays this buffer's (what the plan counted); entries past it are left out."""
         self.wait_for_copies()
         self.shapes = []
         if "slab" in state:
-            saved = ReplayBuffer(state["capacity"], self.rng, state["entry_bytes"])
+            saved = ReplayBuffer(max(1, len(state["shapes"])), self.rng, state["entry_bytes"])
             saved.slab, saved.shapes = state["slab"], [(torch.Size(f), torch.Size(c)) for f, c in state["shapes"]]
             entries = [saved.entry(slot) for slot in range(len(saved))]
         else:

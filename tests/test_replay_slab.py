@@ -71,7 +71,8 @@ def test_the_replay_buffer_holds_one_slab_of_what_the_plan_counts(buckets, monke
     fakes = buffer.fakes
     assert {tuple(fake.shape[1:]) for fake in fakes} == set(shapes) and all(f.dtype == torch.uint8 for f in fakes)
     state = buffer.state_dict()
-    assert state["slab"] is buffer.slab  # written as it is: no second host copy of the buffer
+    # its filled slots as they are (all 6 here): no second host copy of the buffer
+    assert state["slab"].data_ptr() == buffer.slab.data_ptr() and state["slab"].untyped_storage().nbytes() == planned
     buffer.state_dict = lambda: pytest.fail("the buffer was read for a checkpoint that leaves it out")
     assert "buffer" not in seraena.rank_state_dict(with_buffer=False)
     del buffer.state_dict
@@ -79,6 +80,36 @@ def test_the_replay_buffer_holds_one_slab_of_what_the_plan_counts(buckets, monke
     again.load_state_dict(state)
     assert all(torch.equal(a, b) for a, b in zip(again.fakes + again.contexts, buffer.fakes + buffer.contexts))
     assert held_bytes(again) == planned + buffer.entry_bytes  # loaded entry by entry: a staging of one
+
+
+def test_a_checkpoint_holds_the_filled_slots_only_and_loads_them_back_exactly(tmp_path):
+    """After one discriminator step, 2 of 1,024 slots are filled: the rank file holds those 2 entries
+    (what the plan's checkpoint line counts for a 1-step run), not the slab; loaded into a fresh buffer
+    they are the same entries in the same slots, so replay draws the same fakes. The earlier format,
+    the whole slab with its unfilled slots, still loads."""
+    from training.plan.memory import checkpoint_cost
+
+    config = load_config("test", ["seraena_weight=0.1", "batch_size_per_gpu=2", "max_steps=1"], 1, check_paths=False)
+    taehv = TAEHV(student_of(config)).eval()
+    seraena = build_seraena(config, SimpleNamespace(device=torch.device("cpu"), process_index=0), taehv)
+    steps(seraena, taehv, [(32, 32)], torch.Generator().manual_seed(0))
+    buffer = seraena.seraena.buffer
+    assert (len(buffer), buffer.capacity) == (2, 1024)
+    torch.save(seraena.rank_state_dict(), tmp_path / "seraena_rank0.pt")
+    state = torch.load(tmp_path / "seraena_rank0.pt", weights_only=True)
+    assert state["buffer"]["slab"].numel() == 2 * buffer.entry_bytes == checkpoint_cost(config, taehv).replay_bytes
+    assert (tmp_path / "seraena_rank0.pt").stat().st_size < 3 * buffer.entry_bytes + 20_000  # entries, shapes, random state
+    again = build_seraena(config, SimpleNamespace(device=torch.device("cpu"), process_index=0), taehv).seraena
+    again.buffer.load_state_dict(state["buffer"])
+    assert again.buffer.shapes == buffer.shapes
+    assert all(torch.equal(a, b) for a, b in zip(again.buffer.fakes + again.buffer.contexts, buffer.fakes + buffer.contexts))
+    again.rng.setstate(buffer.rng.getstate())
+    assert all(torch.equal(a, b) for a, b in zip(again.buffer.sample(5), buffer.sample(5)))
+    whole = {**buffer.state_dict(), "slab": buffer.slab.clone()}  # as checkpoints before this one wrote it
+    assert whole["slab"].numel() == 1024 * buffer.entry_bytes
+    older = models.seraena.ReplayBuffer(1024, random.Random(0))
+    older.load_state_dict(whole)
+    assert all(torch.equal(a, b) for a, b in zip(older.fakes + older.contexts, buffer.fakes + buffer.contexts))
 
 
 def test_a_batch_arrives_in_one_copy_and_a_slot_drawn_twice_holds_the_later_entry():

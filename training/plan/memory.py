@@ -27,7 +27,8 @@ Host per rank: the Seraena replay buffer (uint8 frame groups, bf16 contexts; its
 capped by seraena_buffer_gb; one slab of capacity x entry bytes at the largest bucket, pinned on
 CUDA, allocated whole at its first entry, and a staging slab for one step's fakes), the batches the
 data workers hold, and a process baseline.
-Checkpoint: weights, optimizer state, EMA, and every rank's replay buffer (one file per rank).
+Checkpoint: weights, optimizer state, EMA, and every rank's replay buffer (one file per rank: the
+entries it holds by the run's last checkpoint, up to its capacity).
 The reference VAE's encode of one batch, when it runs on the fly, is measured the same way (its
 published architecture from diffusers, bf16): it runs before the student's step and is freed
 before it, so only what exceeds the step counts. Not measured: allocator fragmentation; the
@@ -47,9 +48,9 @@ from torch.utils.weak import WeakIdKeyDictionary
 from models.measure_cache import cached_measurement
 from models.reference_families import FAMILY
 from training.config.schema import measured_keys
-from training.config.terms import needs_module
+from training.config.terms import discriminator_start, needs_module
 from training.config.views import at_largest_bucket, measured_geometry, measured_values, student_of
-from training.step.seraena import replay_buffer_bytes, replay_staging_bytes
+from training.step.seraena import replay_buffer_bytes, replay_capacity, replay_pair_bytes, replay_staging_bytes
 
 GB = 1e9
 
@@ -305,7 +306,7 @@ def estimate_memory(config) -> MemoryEstimate:
         "data in flight": max(1, config.num_workers) * config.prefetch_factor * config.batch_size_per_gpu * clip_bytes * 2 / GB,
         "process": HOST_BASELINE_GB,
     }
-    estimate.checkpoint = checkpoint_cost(config, model, buffer)
+    estimate.checkpoint = checkpoint_cost(config, model)
     estimate.checkpoint_replay_gb = estimate.checkpoint.replay_bytes / GB
     estimate.checkpoint_gb = estimate.checkpoint.total_bytes / GB
     estimate.checkpoints_kept = config.checkpoints_total_limit
@@ -324,7 +325,7 @@ class CheckpointCost:
     """One checkpoint folder (training/loop/checkpoints.py save_every_part), by what writes it."""
 
     rank0_bytes: int  # full_state.pt (fp32 weights + AdamW's two moments of the trained parameters), EMA, Seraena
-    replay_bytes: int  # every rank's replay-buffer slab, each written by its rank (0 when left out)
+    replay_bytes: int  # every rank's replay-buffer entries, each written by its rank (0 when left out)
     collectives: int  # blocking all-reduces that gather the full state (ZeRO: one per trained tensor and state)
     allreduce_bytes_per_rank: int  # what each rank sends and receives in them (a ring moves twice the payload)
     processes: int
@@ -341,8 +342,9 @@ class CheckpointCost:
         return gather + writes
 
 
-def checkpoint_cost(config, model=None, replay_buffer_bytes_per_rank: int | None = None) -> CheckpointCost:
-    """What a checkpoint of this config writes and gathers; each tensor once (training/run/elastic.py)."""
+def checkpoint_cost(config, model=None) -> CheckpointCost:
+    """What the run's largest checkpoint (its last) writes and gathers; each tensor once
+    (training/run/elastic.py)."""
     from models.seraena import SeraenaDiscriminator
     from models.taehv import TAEHV
 
@@ -356,13 +358,23 @@ def checkpoint_cost(config, model=None, replay_buffer_bytes_per_rank: int | None
     if seraena:  # discriminator weights and BatchNorm statistics, AdamW's moments
         disc = SeraenaDiscriminator(9, model.latent_channels)
         rank0 += sum(t.numel() * t.element_size() for t in disc.state_dict().values()) + sum(p.numel() for p in disc.parameters()) * 8
-    if replay_buffer_bytes_per_rank is None:
-        replay_buffer_bytes_per_rank = replay_buffer_bytes(config, model.patch_size, model.latent_channels) if seraena else 0
     processes = max(1, config.num_processes)
-    replay = replay_buffer_bytes_per_rank * processes if config.seraena_buffer_in_checkpoints else 0
+    replay = replay_checkpoint_bytes(config, model) * processes if seraena and config.seraena_buffer_in_checkpoints else 0
     zero = config.zero_stage > 0 and processes > 1
     return CheckpointCost(rank0, replay, collectives=3 * len(trained) if zero else 0,
                           allreduce_bytes_per_rank=2 * trained_numel * 12 if zero else 0, processes=processes)
+
+
+def replay_checkpoint_bytes(config, model) -> int:
+    """One rank's replay buffer in the run's last checkpoint: the entries it holds by then (a
+    checkpoint writes its filled slots, not its capacity: models/seraena.py ReplayBuffer.state_dict).
+    Each discriminator update adds a step's frame groups (replay staging); it updates once per
+    optimizer step from its start (training/config/terms.py). Every slot is the largest entry's size."""
+    config = at_largest_bucket(config)
+    per_update = replay_staging_bytes(config, model.patch_size, model.latent_channels)
+    entry = replay_pair_bytes(config, model.patch_size, model.latent_channels)
+    updates = max(0, config.max_steps - max(0, discriminator_start(config) - config.schedule_offset))
+    return min(replay_capacity(config, model.patch_size, model.latent_channels), updates * (per_update // entry)) * entry
 
 
 def deepspeed_bucket_bytes(config, params: int) -> int:
