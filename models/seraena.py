@@ -263,6 +263,18 @@ class ReplayBuffer:
             self.add(fake.unsqueeze(0), context.unsqueeze(0))
 
 
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """A saved optimizer state into `optimizer`: its moments and step counts as saved, every setting of
+    its param groups this optimizer's (learning rate, betas, weight decay as this run configures them;
+    fused, foreach, capturable as this code builds it). torch's load_state_dict would restore the
+    saved settings too: a checkpoint of an unfused AdamW (fused None) then refuses the found_inf a
+    fused step passes ("Expected grad_scale and found_inf to be None"), and keeps its step counts on
+    the host, where a fused step on CUDA wants them on the device."""
+    groups = [{**{key: value for key, value in current.items() if key != "params"}, "params": saved["params"]}
+              for current, saved in zip(optimizer.param_groups, state["param_groups"])]
+    optimizer.load_state_dict({**state, "param_groups": groups + state["param_groups"][len(groups):]})
+
+
 class Seraena(nn.Module):
     """Discriminator + corrector. Images are N,c_im,H,W in [0, 1]; contexts N,c_ctx,h,w latents."""
 
@@ -388,7 +400,7 @@ class Seraena(nn.Module):
         return {"rng": self.rng.getstate(), **({"buffer": self.buffer.state_dict()} if with_buffer else {})}
 
     def load_training_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"])
         if "buffer" in state:  # checkpoints written before the per-rank files held rank 0's here
             self.load_rank_state_dict(state)
 

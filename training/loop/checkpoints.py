@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import socket
 import sys
@@ -15,7 +16,8 @@ import torch
 
 from training.base.agreement import agree
 from training.config.schema import ResumeError, TrainConfig
-from training.run.checkpoint_files import complete_checkpoints, read_state
+from training.run.checkpoint_files import (OLD_RANDOM_STATES, RANDOM_STATES, CheckpointFileError, complete_checkpoints,
+                                           load_file, read_state)
 from training.run.elastic import full_state_files, gather_full_state
 from training.run.folder import check_writable
 
@@ -115,8 +117,6 @@ def save_every_part(run: TrainingRun, temporary: Path, step: int) -> str:
     Every collective of the save (DeepSpeed's gathers of the full state, the partitioned EMA's)
     runs first, on every rank; then each rank writes its own files, so a failed write leaves no
     rank waiting in a collective. Each tensor is written once (training/run/elastic.py)."""
-    from accelerate.checkpointing import save_accelerator_state
-
     accelerator, rank = run.accelerator, run.accelerator.process_index
     writer = accelerator.is_main_process
     full_state = gather_full_state(accelerator, run.model, run.optimizer, to_host=writer)
@@ -125,9 +125,9 @@ def save_every_part(run: TrainingRun, temporary: Path, step: int) -> str:
     if writer:
         files.update(full_state_files(full_state, accelerator, run.config, run.progress.micro_step))
         files.update({f"{name}_state.pt": (lambda path, state=state: torch.save(state, path)) for name, state in states.items()})
-    # each rank's random states in accelerate's own file (random_states_<rank>.pkl), with its step counter
-    files[f"random_states_{rank}.pkl"] = lambda path: save_accelerator_state(
-        str(path.parent), [], [], [], [], rank, accelerator.step, accelerator.scaler if writer else None)
+    # each rank's random states and accelerate's step counter, as plain values and tensors
+    generators = random_states(accelerator)
+    files[RANDOM_STATES.format(rank=rank)] = lambda path: torch.save(generators, path)
     if run.seraena is not None:  # each rank's own replay buffer (unless left out) and random state
         files[seraena_rank_file(rank)] = lambda path: torch.save(
             run.seraena.rank_state_dict(with_buffer=run.config.seraena_buffer_in_checkpoints), path)
@@ -168,7 +168,7 @@ def load_seraena_rank_state(run: TrainingRun, folder: Path) -> str:
     path = folder / seraena_rank_file(run.accelerator.process_index)
     if run.seraena is None or not path.is_file():
         return ""
-    state = torch.load(path, weights_only=False)
+    state = load_file(path)
     run.seraena.load_rank_state_dict(state)
     if "buffer" not in state:
         return "; Seraena random state per rank (the checkpoint holds no replay buffer: it refills from new fakes)"
@@ -190,56 +190,93 @@ def writable_problem(folder: Path, before_write=lambda probe: None) -> str:
 
 
 def resume(run: TrainingRun, folder: Path) -> None:
-    """Weights and optimizer state from the checkpoint's one portable format on any topology
-    (training/run/elastic.py); on the topology that wrote it also each rank's random states: the
-    exact resume. Checkpoints written before that format hold accelerate's own model and optimizer
-    files: accelerate's exact path reads those."""
+    """Every checkpoint this trainer has written since it wrote full_state.pt resumes through it:
+    weights and AdamW's moments by parameter name on any topology (training/run/elastic.py), the
+    named states (or the positional custom_checkpoint_<i>.pkl of the oldest layout), each rank's
+    Seraena state. On the topology that wrote it each rank's random states come back too (the
+    exact resume); on another, the data position is converted by samples consumed. Either way the
+    loaded state is gathered again and must have the fingerprint the checkpoint recorded. Model and
+    optimizer files that accelerate or DeepSpeed wrote beside it in older checkpoints are not read.
+    A file that is not data only stops the resume in one line naming it (ResumeError)."""
+    try:
+        _resume(run, folder)
+    except CheckpointFileError as error:
+        raise ResumeError(str(error)) from None
+
+
+def _resume(run: TrainingRun, folder: Path) -> None:
     from training.run import elastic
 
     accelerator, config = run.accelerator, run.config
     exact = elastic.same_topology(folder, accelerator, config)
-    if exact and holds_accelerate_model_files(folder):
-        if any(folder.glob("custom_checkpoint_*.pkl")):  # the older layout: accelerate reads those files by position
-            accelerator.register_for_checkpointing(*stateful_objects(run).values())
-            accelerator.load_state(str(folder))
-            accelerator._custom_objects.clear()  # later checkpoints write the named files
-        else:
-            accelerator.load_state(str(folder))
-            load_stateful_objects(folder, stateful_objects(run))
-        restored = load_seraena_rank_state(run, folder)
-        run.log.line(f"resumed from {folder} at step {run.progress.step}{restored}")
-        return
     load_stateful_objects(folder, stateful_objects(run))
     for group, lr in zip(run.scheduler.optimizer.param_groups, run.scheduler.get_last_lr()):
-        group["lr"] = lr  # the schedule's rate, which the optimizer's own state held in accelerate's files
+        group["lr"] = lr  # the schedule's rate (the optimizer's own settings are this run's)
     elastic.load_full_state(accelerator, run.model, run.optimizer, folder)
     restored = load_seraena_rank_state(run, folder)
+    saved = json.loads((folder / elastic.TOPOLOGY).read_text())
     if exact:
         load_random_states(accelerator, folder)
-        run.log.line(f"resumed from {folder} at step {run.progress.step}{restored}")
-        return
-    saved = json.loads((folder / elastic.TOPOLOGY).read_text())
-    run.progress.micro_step = elastic.converted_micro_step(folder, accelerator, config)
+    else:
+        run.progress.micro_step = elastic.converted_micro_step(folder, accelerator, config)
     loaded = elastic.state_fingerprint(elastic.gather_full_state(accelerator, run.model, run.optimizer))
-    if loaded != saved["state_fingerprint"]:
-        raise RuntimeError(f"elastic resume from {folder}: the loaded state (fingerprint {loaded}) differs from the "
+    if loaded != saved.get("state_fingerprint", loaded):
+        raise RuntimeError(f"resume from {folder}: the loaded state (fingerprint {loaded}) differs from the "
                            f"saved one ({saved['state_fingerprint']})")
+    if exact:
+        run.log.line(f"resumed from {folder} at step {run.progress.step} (weights and optimizer state identical: "
+                     f"fingerprint {loaded}){restored}")
+        return
     run.log.line(f"resumed elastically from {folder} at step {run.progress.step}: {saved['num_processes']} processes "
                  f"ZeRO {saved['zero_stage']} -> {accelerator.num_processes} processes ZeRO {config.zero_stage}; "
                  f"weights and optimizer state identical (fingerprint {loaded}); per-rank random states start fresh")
 
 
-def holds_accelerate_model_files(folder: Path) -> bool:
-    """Written by accelerate's save_state (before the one format): DDP's model and optimizer files, or
-    DeepSpeed's shards (a `latest` file naming their folder)."""
-    return any((folder / name).exists() for name in ("model.safetensors", "pytorch_model.bin", "optimizer.bin", "latest"))
+def random_states(accelerator) -> dict:
+    """This rank's generators as tensors and plain values (a checkpoint loads them as data only):
+    Python's, NumPy's legacy one, torch's CPU and CUDA ones, with accelerate's step counter (its
+    accumulation position) and the fp16 gradient scaler's state when there is one."""
+    import numpy
+
+    kind, key, position, has_gauss, gauss = numpy.random.get_state()
+    states = {"step": accelerator.step, "python": random.getstate(), "torch": torch.get_rng_state(),
+              "numpy": {"kind": str(kind), "key": torch.from_numpy(key.astype(numpy.int64)), "position": int(position),
+                        "has_gauss": int(has_gauss), "gauss": float(gauss)}}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    if accelerator.scaler is not None:
+        states["scaler"] = accelerator.scaler.state_dict()
+    return states
 
 
 def load_random_states(accelerator, folder: Path) -> None:
-    """This rank's random states and accelerate's step counter (its accumulation position), from the
-    file accelerate's save_accelerator_state wrote."""
-    from accelerate.checkpointing import load_accelerator_state
+    """This rank's random states and accelerate's step counter, from its random_states_<rank>.pt, or
+    from the random_states_<rank>.pkl accelerate wrote in older checkpoints (and their scaler.pt)."""
+    import numpy
 
-    scaler = accelerator.scaler if (folder / "scaler.pt").is_file() else None
-    restored = load_accelerator_state(str(folder), [], [], [], [], accelerator.process_index, scaler)
-    accelerator.step = restored.get("step", accelerator.step)
+    rank = accelerator.process_index
+    path = folder / RANDOM_STATES.format(rank=rank)
+    if path.is_file():
+        states = load_file(path)
+        saved = states["numpy"]
+        numpy_state = (saved["kind"], saved["key"].numpy().astype(numpy.uint32), saved["position"], saved["has_gauss"],
+                       saved["gauss"])
+        python, cpu, cuda, scaler = states["python"], states["torch"], states.get("cuda"), states.get("scaler")
+    else:
+        path = folder / OLD_RANDOM_STATES.format(rank=rank)
+        if not path.is_file():
+            raise ResumeError(f"{folder}: no {RANDOM_STATES.format(rank=rank)}: the checkpoint is incomplete; "
+                              "resume from another checkpoint")
+        states = load_file(path)
+        python, numpy_state, cpu = states["random_state"], states["numpy_random_seed"], states["torch_manual_seed"]
+        cuda = states.get("torch_cuda_manual_seed")
+        scaler = load_file(folder / "scaler.pt") if (folder / "scaler.pt").is_file() else None
+    random.setstate(python)
+    numpy.random.set_state(numpy_state)
+    torch.set_rng_state(cpu)
+    if cuda is not None and torch.cuda.is_available():
+        for device, state in enumerate(cuda[: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(state, device)
+    if scaler is not None and accelerator.scaler is not None:
+        accelerator.scaler.load_state_dict(scaler)
+    accelerator.step = states.get("step", accelerator.step)

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from training.base.unwrap import unwrap
+from training.config.schema import ResumeError
 
 FULL_STATE = "full_state.pt"
 TOPOLOGY = "topology.json"
@@ -92,10 +93,17 @@ def checkpoint_contract(config) -> dict:
 def check_resumable(folder: Path, config) -> None:
     """Raises ValueError with one line when `folder` cannot be resumed by this config (before any
     model is built), naming the setting and how to fix it."""
+    from training.run.checkpoint_files import unsafe_files
+
     path = Path(folder) / TOPOLOGY
     if not path.is_file():
         raise ValueError(f"{folder} is not a checkpoint written by this trainer (no {TOPOLOGY}): "
                          "pass a checkpoints/checkpoint-N folder of a run")
+    if not (Path(folder) / FULL_STATE).is_file():
+        raise ValueError(f"{folder} has no {FULL_STATE}: the checkpoint is incomplete; resume from another checkpoint")
+    refused = unsafe_files(Path(folder))  # before anything is loaded: no file of it runs code
+    if refused:
+        raise ValueError(refused[0])
     saved = json.loads(path.read_text())
     expected = checkpoint_contract(config)
     if saved.get("model_variant", expected["model_variant"]) != expected["model_variant"]:
@@ -145,6 +153,10 @@ def load_full_state(accelerator, model, optimizer, folder: Path) -> None:
     state = torch.load(folder / FULL_STATE, map_location="cpu", weights_only=True)
     engine = deepspeed_engine(accelerator, model)
     params = named_parameters(accelerator, model)
+    missing = [name for name, _ in params if name not in state["weights"]]
+    if missing:
+        raise ResumeError(f"{folder / FULL_STATE} holds no {missing[0]} (and {len(missing) - 1} more trained weights): "
+                         "it was written for a student of another layout; resume from a checkpoint of this one")
     if engine is not None:
         from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
