@@ -16,8 +16,8 @@ import torch
 
 from training.base.agreement import agree
 from training.config.schema import ResumeError, TrainConfig
-from training.run.checkpoint_files import (OLD_RANDOM_STATES, RANDOM_STATES, CheckpointFileError, complete_checkpoints,
-                                           load_file, read_state)
+from training.run.checkpoint_files import (OLD_RANDOM_STATES, RANDOM_STATES, WRITE_ERRORS, CheckpointFileError,
+                                           complete_checkpoints, describe_write_failure, load_file, read_state)
 from training.run.elastic import full_state_files, gather_full_state
 from training.run.folder import check_writable
 
@@ -89,34 +89,70 @@ def _save_checkpoint(run: TrainingRun, step: int) -> Path | None:
     if not agreed:
         error = save_every_part(run, temporary, step)
         agreed = agree(accelerator, failed=bool(error))
+    if not agreed:  # every file is written: rank 0 moves the folder into place, and says whether it could
+        error = move_into_place(temporary, final) if accelerator.is_main_process else ""
+        agreed = agree(accelerator, failed=bool(error))
     if agreed:
-        if error:
-            print(f"rank {accelerator.process_index}: checkpoint at step {step} not written: {error}", file=sys.stderr, flush=True)
-        accelerator.wait_for_everyone()
-        if accelerator.is_main_process:
-            shutil.rmtree(temporary, ignore_errors=True)
-        previous = complete_checkpoints(run_dir)
-        run.failed_checkpoints += 1
-        run.log.line(f"checkpoint at step {step} FAILED {agreed.where('failed')} ({error or 'that rank says why'}); "
-                     f"kept {previous[-1].name if previous else 'no earlier checkpoint'}; training continues. "
-                     "Free disk space in the run folder")
-        return None
-    accelerator.wait_for_everyone()
+        return failed_checkpoint(run, step, temporary, error, agreed)
     if accelerator.is_main_process:
-        if final.exists():
-            shutil.rmtree(final)
-        temporary.rename(final)
         for old in complete_checkpoints(run_dir)[: -config.checkpoints_total_limit]:
-            shutil.rmtree(old, ignore_errors=True)
+            remove_checkpoint(old)
     accelerator.wait_for_everyone()
     return final
+
+
+def failed_checkpoint(run: TrainingRun, step: int, temporary: Path, error: str, agreed) -> None:
+    """A write failed on some rank (every rank knows which): its temporary folder goes, the last
+    complete checkpoint stays the latest, one line says so, and training goes on."""
+    accelerator = run.accelerator
+    if error:
+        print(f"rank {accelerator.process_index}: checkpoint at step {step} not written: {error}", file=sys.stderr, flush=True)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        shutil.rmtree(temporary, ignore_errors=True)
+    previous = complete_checkpoints(run.run_dir)
+    run.failed_checkpoints += 1
+    run.log.line(f"checkpoint at step {step} FAILED {agreed.where('failed')} ({error or 'that rank says why'}); "
+                 f"kept {previous[-1].name if previous else 'no earlier checkpoint'}; training continues. "
+                 "Free disk space in the run folder")
+    return None
+
+
+def move_into_place(temporary: Path, final: Path) -> str:
+    """The complete folder renamed to its checkpoint name; '' or the error. A folder already of that
+    name (a resumed run saving its step again) is set aside first and comes back when the rename
+    fails, so a failure never leaves the step without its complete checkpoint."""
+    aside = final.with_name(f".old-{final.name}")
+    try:
+        if final.exists():
+            shutil.rmtree(aside, ignore_errors=True)
+            final.rename(aside)
+        temporary.rename(final)
+    except OSError as failure:
+        if aside.exists() and not final.exists():
+            aside.rename(final)
+        return describe_write_failure(failure, final)
+    shutil.rmtree(aside, ignore_errors=True)
+    return ""
+
+
+def remove_checkpoint(folder: Path) -> None:
+    """Renamed out of the checkpoint names first: a removal cut short never leaves half a folder
+    that resume would take for a complete checkpoint."""
+    gone = folder.with_name(f".removing-{folder.name}")
+    try:
+        folder.rename(gone)
+    except OSError:
+        return  # kept whole; the next checkpoint's rotation tries again
+    shutil.rmtree(gone, ignore_errors=True)
 
 
 def save_every_part(run: TrainingRun, temporary: Path, step: int) -> str:
     """Writes the checkpoint's files into `temporary`; returns this rank's first write error, or ''.
     Every collective of the save (DeepSpeed's gathers of the full state, the partitioned EMA's)
     runs first, on every rank; then each rank writes its own files, so a failed write leaves no
-    rank waiting in a collective. Each tensor is written once (training/run/elastic.py)."""
+    rank waiting in a collective. Each tensor is written once (training/run/elastic.py). A write
+    fails as a full disk makes it fail: OSError, or torch.save's RuntimeError (which names no errno)."""
     accelerator, rank = run.accelerator, run.accelerator.process_index
     writer = accelerator.is_main_process
     full_state = gather_full_state(accelerator, run.model, run.optimizer, to_host=writer)
@@ -129,14 +165,14 @@ def save_every_part(run: TrainingRun, temporary: Path, step: int) -> str:
     generators = random_states(accelerator)
     files[RANDOM_STATES.format(rank=rank)] = lambda path: torch.save(generators, path)
     if run.seraena is not None:  # each rank's own replay buffer (unless left out) and random state
-        files[seraena_rank_file(rank)] = lambda path: torch.save(
-            run.seraena.rank_state_dict(with_buffer=run.config.seraena_buffer_in_checkpoints), path)
+        own = run.seraena.rank_state_dict(with_buffer=run.config.seraena_buffer_in_checkpoints)
+        files[seraena_rank_file(rank)] = lambda path: torch.save(own, path)
     for name, write in files.items():
         try:
             run.seams.fire("checkpoint_write", temporary / name, step)
             write(temporary / name)
-        except OSError as failure:
-            return str(failure)
+        except WRITE_ERRORS as failure:
+            return describe_write_failure(failure, temporary / name)
     return ""
 
 

@@ -11,6 +11,7 @@ import torch
 
 from models.taehv import TAEHV
 from training.config.schema import TrainConfig
+from training.run.checkpoint_files import describe_write_failure
 from training.step.weights import full_state_dict
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ def export_model(accelerator, weights: dict, taehv: TAEHV, folder: Path, step: i
     """Public-format weights as `<variant>.pth` and `<variant>.safetensors` (the name upstream's
     taehv.py builds the architecture from) plus model_info.json, written atomically by rank 0 (the
     weights are identical on every rank)."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     from models.taehv import args_metadata, write_model_info
@@ -50,9 +52,12 @@ def export_model(accelerator, weights: dict, taehv: TAEHV, folder: Path, step: i
         torch.save(weights, temporary / pth)
         save_file(weights, str(temporary / safetensors), metadata=args_metadata(taehv))
         write_model_info(taehv, temporary, step=step, metrics=metrics, **info)
-    except OSError:  # a full disk: the previous export stays whole, the half-written one goes
-        shutil.rmtree(temporary, ignore_errors=True)
-        raise
+    except (OSError, RuntimeError, SafetensorError) as failure:  # a full disk: the previous export stays whole,
+        shutil.rmtree(temporary, ignore_errors=True)  # the half-written one goes
+        if isinstance(failure, OSError):
+            raise
+        # torch.save and safetensors report a full disk as their own errors: the callers catch OSError
+        raise OSError(describe_write_failure(failure, temporary)) from failure
     if folder.exists():
         shutil.rmtree(folder)
     temporary.rename(folder)

@@ -1,5 +1,6 @@
 """Reading a checkpoint folder: the one reader of its named states (resume,
-scripts/convert_checkpoint.py, inference.py), every file loaded as data only.
+scripts/convert_checkpoint.py, inference.py), every file loaded as data only; and what a failed
+write of one of its files means.
 
 Every state a checkpoint holds is tensors and plain values (dicts, lists, tuples, numbers,
 strings, None), so each file loads with torch.load(weights_only=True): a file that names any
@@ -11,6 +12,7 @@ NumPy's array types allowed (OLD_RANDOM_STATE_NAMES), and nothing else.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 RANDOM_STATES = "random_states_{rank}.pt"  # this trainer's, plain values (training/loop/checkpoints.py)
@@ -103,6 +105,26 @@ def unsafe_files(folder: Path) -> list[str]:
     read). Reads only each file's pickle, never its tensors."""
     paths = sorted([*folder.glob("*.pt"), *folder.glob("*.pkl")])
     return [problem for path in paths if path.is_file() and (problem := file_problem(path))]
+
+
+# what a failed write raises: OSError, or RuntimeError from torch.save (its full disk names no errno)
+WRITE_ERRORS = (OSError, RuntimeError)
+
+
+def describe_write_failure(error: BaseException, path: Path) -> str:
+    """One line for a failed checkpoint or export write. torch.save reports a full disk as a
+    RuntimeError that names no cause ("[enforce fail at inline_container.cc:672] . unexpected pos
+    576 vs 534"), so the space left where it wrote is said beside it."""
+    first = (str(error).splitlines() or [type(error).__name__])[0].strip()
+    if isinstance(error, OSError) and error.filename is None:
+        first = f"{first} ({path})"
+    elif not isinstance(error, OSError):
+        first = f"writing {path}: {first}"
+    try:
+        free = shutil.disk_usage(path.parent if path.parent.exists() else path.parent.parent).free
+        return f"{first}; {free / 1e6:.1f} MB free there"
+    except OSError:
+        return first
 
 
 def is_checkpoint_folder(folder: Path) -> bool:
