@@ -27,8 +27,6 @@ from training.config.load import load_config
 from training.plan.memory import checkpoint_cost
 from training.run.checkpoint_files import CheckpointFileError, load_file
 
-pytestmark = needs_compiler  # the 2-process runs are ZeRO-2 on CPU
-
 PREVIOUS_RELEASE = "32edcf3"
 SETS = ["seraena_weight=0.1", "batch_size_per_gpu=2"]  # Seraena's BatchNorm needs 2 frame groups per rank
 
@@ -101,6 +99,7 @@ def assert_resumed(result, checkpoint: Path, elastic: str = "") -> None:
 
 
 @pytest.mark.slow
+@needs_compiler  # the 2-process runs are ZeRO-2 on CPU
 def test_checkpoints_of_the_previous_release_and_the_oldest_layout_resume_and_train_on(old_runs, clips, tmp_path):
     plain, zero2 = old_runs["plain"], old_runs["zero2"]
     assert (plain / "checkpoints" / "checkpoint-1" / "optimizer.bin").is_file()  # what that code wrote
@@ -127,6 +126,7 @@ def test_checkpoints_of_the_previous_release_and_the_oldest_layout_resume_and_tr
 
 
 @pytest.mark.slow
+@needs_compiler
 def test_a_checkpoint_file_that_would_run_code_is_refused_in_one_line(old_runs, tmp_path):
     """A pickle that calls os.system when loaded, planted as a checkpoint's file: the resume names the
     file and stops (exit 2) before anything is loaded, and the command never runs. The previous
@@ -150,3 +150,30 @@ def test_a_checkpoint_file_that_would_run_code_is_refused_in_one_line(old_runs, 
     assert len(refusal) == 1 and f"{planted}: refused: it names posix.system, which loading would import and run" in refusal[0], \
         result.stderr[-3000:]
     assert "Traceback" not in result.stderr and not (tmp_path / "ran").exists()
+
+
+def test_an_unfused_optimizer_state_resumes_into_the_fused_step():
+    """Seraena's AdamW as earlier versions built it (unfused: its param groups say fused=None) loads into
+    today's fused one with its moments and step counts, and takes today's settings: the step that
+    passes found_inf runs (torch's load_state_dict would restore fused=None, and the unfused AdamW
+    refuses found_inf: "Expected grad_scale and found_inf to be None")."""
+    from models.seraena import Seraena
+
+    torch.manual_seed(0)
+    real, fake, context = torch.rand(2, 9, 16, 16), torch.rand(2, 9, 16, 16), torch.randn(2, 4, 2, 2)
+    old = Seraena(9, 4, weight_seed=0)
+    old.optimizer = torch.optim.AdamW(old.disc.parameters(), lr=3e-4, betas=(0.9, 0.99))  # as before 1ba285d
+    for param in old.disc.parameters():
+        param.grad = torch.randn_like(param)
+    old.optimizer.step()
+    saved = old.training_state_dict()
+    assert saved["optimizer"]["param_groups"][0]["fused"] is None
+    new = Seraena(9, 4, weight_seed=0)
+    new.load_training_state_dict(saved)
+    group = new.optimizer.param_groups[0]
+    assert group["fused"] is True and group["foreach"] is None and group["betas"] == (0.9, 0.99)
+    for param, old_param in zip(new.disc.parameters(), old.disc.parameters()):
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(new.optimizer.state[param][key], old.optimizer.state[old_param][key])
+    new.discriminator_step(real, fake, context)  # passes found_inf to the fused AdamW
+    assert all(float(new.optimizer.state[param]["step"]) == 2 for param in new.disc.parameters())
