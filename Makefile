@@ -1,7 +1,8 @@
 # Two entry points for a fresh machine (Python 3.10+, no GPU needed):
-#   make demo   set up what is missing, train the cpu profile on real clips and evaluate it on the
-#               clips it held out at 32x32 and 64x64 (under 15 minutes on 2 cores, set-up included: 11 m 12 s
-#               of training and evaluation on 2026-11-27)
+#   make demo   set up what is missing, train the cpu profile on real clips, evaluate it on the clips
+#               it held out at 32x32 and 64x64, compare it with the blur, draw output/latest/pictures
+#               (target: 15 minutes on 2 cores with the set-up; 11 m 27 s without it on 2026-11-27, before the
+#               comparison and the pictures, about 20 CPU-s more: docs/quickstart.md)
 #   make test   set up what is missing, then run the whole test suite
 #   make gpu-check  on one CUDA GPU: a launch at full shape, the step benchmarks, the GPU tests, most
 #               valuable first within BUDGET seconds (480: the phases' H100 times fit); gpu_check/gpu_check.md
@@ -34,6 +35,8 @@ demo: $(STAMP)
 	PYTHON=$(PY) ./train_taehv_h100.sh 1 cpu
 	$(PY) inference.py --model output/latest --held-out-of output/latest $(DEMO_EVAL) --height 32 --width 32 --out output/latest/evaluation
 	$(PY) inference.py --model output/latest --held-out-of output/latest $(DEMO_EVAL) --height 64 --width 64 --out output/latest/evaluation_64x64
+	$(PY) inference.py --compare output/latest/final output/latest/best_model --held-out-of output/latest $(DEMO_EVAL) --height 64 --width 64 --out output/latest/compare
+	$(PY) -m scripts.evaluation_report --pictures output/latest/pictures output/latest
 
 # two test processes, each test file in one of them (its module fixtures built once). The suite is
 # CPU-bound on 2 cores (19.8 and 20.6 min of pytest on fresh clones, 2026-11-27; 24.7-27.5 min at the stops before): about

@@ -1,10 +1,21 @@
 """The files and lines inference.py writes for one model: report.json, report.md, the printed
 summary, the side-by-side mp4s, the contact sheet and the per-frame PSNR plot (layout in
-docs/evaluation.md). A helper of inference.py, not a command of its own."""
+docs/evaluation.md). A helper of inference.py; as a command, the pictures the docs show, from a run
+that `make demo` made (each PNG under 100 KB):
+
+    python -m scripts.evaluation_report --pictures docs/images output/latest
+
+writes contact_sheet.png (the first held-out clips of the run's evaluation), psnr_vs_step.png (its
+held-out PSNR at each validation, beside the 8x8 block average's) and compare.png (its
+`inference.py --compare` chart), each from what the run folder holds.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
+import sys
 from pathlib import Path
 
 import torch
@@ -157,7 +168,11 @@ def write_mp4(path: Path, frames: torch.Tensor, fps: int = 8) -> None:
     temporary.replace(path)
 
 
-def write_contact_sheet(path: Path, rows: list[tuple[str, torch.Tensor]], title: str = "", height: int = 128) -> None:
+LABEL_BAND = 14  # pixels of text above each row of a contact sheet, and above the sheet for its title
+SHEET_ROW = 128  # the height of a contact sheet's pictures
+
+
+def write_contact_sheet(path: Path, rows: list[tuple[str, torch.Tensor]], title: str = "", height: int = SHEET_ROW) -> None:
     """One row per clip: a labelled H,W,3 uint8 picture, scaled to `height`; `title` on top."""
     from PIL import Image, ImageDraw
 
@@ -165,11 +180,11 @@ def write_contact_sheet(path: Path, rows: list[tuple[str, torch.Tensor]], title:
     for label, picture in rows:
         image = Image.fromarray(picture.numpy())
         image = image.resize((max(1, round(image.width * height / image.height)), height))
-        canvas = Image.new("RGB", (image.width, height + 14), "white")
-        canvas.paste(image, (0, 14))
+        canvas = Image.new("RGB", (image.width, height + LABEL_BAND), "white")
+        canvas.paste(image, (0, LABEL_BAND))
         ImageDraw.Draw(canvas).text((2, 1), label, fill="black")
         pictures.append(canvas)
-    top = 14 if title else 0
+    top = LABEL_BAND if title else 0
     sheet = Image.new("RGB", (max(p.width for p in pictures), top + sum(p.height for p in pictures)), "white")
     if title:
         ImageDraw.Draw(sheet).text((2, 1), title, fill="black")
@@ -200,3 +215,125 @@ def write_psnr_plot(path: Path, clips: list[dict]) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
+
+
+# ------------------------------------------------------------------------------------------------
+# The docs' pictures of a run (python -m scripts.evaluation_report --pictures DEST RUN)
+# ------------------------------------------------------------------------------------------------
+
+PICTURE_BYTES = 100_000  # each picture the docs commit stays under this
+DOCS_SHEET_ROWS = 4  # clips in the docs' contact sheet
+# the run's evaluations a contact sheet is taken from, the first found (make demo writes both)
+SHEET_SOURCES = ("evaluation_64x64", "evaluation")
+VALIDATION_PSNR = re.compile(r"^(decode_)?psnr$|^\d+x\d+_(block_average_)?psnr$")  # the PSNR series of validation_history.json
+
+
+def save_small(image, path: Path, limit: int = PICTURE_BYTES) -> None:
+    """A PNG under `limit` bytes: the picture in a palette of 256, then fewer colours, then smaller."""
+    from PIL import Image
+
+    image = image.convert("RGB")
+    while True:
+        for colours in (256, 128, 64, 32):
+            image.quantize(colors=colours, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
+            if path.stat().st_size < limit:
+                return
+        image = image.resize((max(1, image.width * 3 // 4), max(1, image.height * 3 // 4)), Image.Resampling.LANCZOS)
+
+
+def contact_sheet_rows(path: Path, rows: int = DOCS_SHEET_ROWS):
+    """The title and the first `rows` clips of a contact sheet write_contact_sheet wrote (at SHEET_ROW)."""
+    from PIL import Image
+
+    image = Image.open(path)
+    return image.crop((0, 0, image.width, min(image.height, LABEL_BAND + rows * (SHEET_ROW + LABEL_BAND))))
+
+
+def psnr_series(history: list[dict]) -> dict[str, list[tuple[int, float]]]:
+    """Each PSNR a validation reported (the training size's, `decode_` of the reference latents, each
+    validation size's and its block average's) -> (step, dB) at every validation that has it."""
+    keys = [key for key in dict.fromkeys(k for entry in history for k in entry) if VALIDATION_PSNR.match(key)]
+    return {key: [(entry["step"], entry[key]) for entry in history if entry.get(key) is not None] for key in keys}
+
+
+def series_label(key: str, size: str) -> str:
+    name = {"psnr": f"{size} round trip", "decode_psnr": f"{size} decode of reference latents"}.get(key)
+    if name:
+        return name
+    scale, _, what = key.partition("_")
+    return f"{scale} {'8x8 block average' if what.startswith('block_average') else 'round trip'}"
+
+
+def write_validation_plot(path: Path, history: list[dict], size: str) -> dict[str, list[tuple[int, float]]]:
+    """Held-out PSNR against the step of each validation (a block average dashed); the series plotted."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = psnr_series(history)
+    figure, axes = plt.subplots(figsize=(6.4, 3.4))
+    colours = {}  # one colour per size: a size's block average in its round trip's colour
+    for key, points in series.items():
+        steps, values = zip(*points)
+        scale = key.split("_")[0] if key[0].isdigit() else key
+        colour = colours.setdefault(scale, f"C{len(colours)}")
+        axes.plot(steps, values, linestyle="--" if "block_average" in key else "-", marker="o", markersize=3,
+                  color=colour, label=series_label(key, size))
+    axes.set_xlabel("optimizer step")
+    axes.set_ylabel("held-out PSNR (dB)")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+    return series
+
+
+def write_pictures(out: Path, run: Path) -> tuple[list[Path], list[str]]:
+    """The docs' pictures of `run` into `out`: (the files written, one line per picture not made)."""
+    from PIL import Image
+
+    out.mkdir(parents=True, exist_ok=True)
+    written, missing = [], []
+    sheet = next((run / name / "contact_sheet.png" for name in SHEET_SOURCES if (run / name / "contact_sheet.png").is_file()), None)
+    if sheet is not None:
+        save_small(contact_sheet_rows(sheet), out / "contact_sheet.png")
+        written.append(out / "contact_sheet.png")
+    else:
+        missing.append(f"contact_sheet.png: no {' or '.join(f'{run / n}/contact_sheet.png' for n in SHEET_SOURCES)} "
+                       f"(inference.py --model {run} --held-out-of {run} --out {run / 'evaluation'} writes one)")
+    history = run / "validation_history.json"
+    entries = json.loads(history.read_text()) if history.is_file() else []
+    if any(psnr_series(entries).values()):
+        config = json.loads((run / "resolved_config.json").read_text()) if (run / "resolved_config.json").is_file() else {}
+        size = f"{config['height']}x{config['width']}" if "height" in config else "training size"
+        write_validation_plot(out / "psnr_vs_step.png", entries, size)
+        save_small(Image.open(out / "psnr_vs_step.png"), out / "psnr_vs_step.png")
+        written.append(out / "psnr_vs_step.png")
+    else:
+        missing.append(f"psnr_vs_step.png: no validation with a PSNR in {history}")
+    chart = run / "compare" / "compare.png"
+    if chart.is_file():
+        save_small(Image.open(chart), out / "compare.png")
+        written.append(out / "compare.png")
+    else:
+        missing.append(f"compare.png: no {chart} (inference.py --compare {run} --held-out-of {run} --out {run / 'compare'} writes it)")
+    return written, missing
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pictures", type=Path, required=True, metavar="DEST", help="folder for the pictures")
+    parser.add_argument("run", type=Path, help="a run folder make demo made (output/latest)")
+    args = parser.parse_args(argv)
+    written, missing = write_pictures(args.pictures, args.run)
+    for path in written:
+        print(f"{path} ({path.stat().st_size / 1000:.0f} KB)")
+    for line in missing:
+        print(f"not made: {line}", file=sys.stderr)
+    return 0 if written else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -261,3 +261,19 @@ def test_the_demo_time_is_the_latest_measured_one_everywhere():
         for line in text.splitlines():
             if "demo" in line.lower() or line.startswith("## "):
                 assert not re.search(r"\d+ minutes", line), (doc, line)
+
+
+def test_the_pictures_of_the_docs_are_small_shown_and_refreshable():
+    """docs/images/: each PNG under 100 KB, shown by a page, the three `make demo` draws among them,
+    and the command that redraws them from a demo run given where they are shown."""
+    from scripts.evaluation_report import PICTURE_BYTES
+
+    images = sorted((REPO_ROOT / "docs" / "images").glob("*.png"))
+    assert {"contact_sheet.png", "psnr_vs_step.png", "compare.png"} <= {p.name for p in images}
+    pages = {p: p.read_text() for p in [REPO_ROOT / "README.md", *(REPO_ROOT / "docs").rglob("*.md")]}
+    shown = {(page.parent / target).resolve() for page, text in pages.items() for target in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", text)}
+    for image in images:
+        data = image.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) < PICTURE_BYTES, image.name
+        assert image.resolve() in shown, f"{image.name} is shown by no page"
+    assert "python -m scripts.evaluation_report --pictures docs/images output/latest" in pages[REPO_ROOT / "docs" / "quickstart.md"]

@@ -388,3 +388,55 @@ def test_compare_scores_several_models_on_the_same_clips_in_one_table_and_chart(
         capsys.readouterr()
         assert inference.main(args) == 2
         assert capsys.readouterr().err.startswith(message)
+
+
+def test_the_docs_pictures_of_a_run_are_drawn_from_what_make_demo_writes(setup, tmp_path):
+    """`python -m scripts.evaluation_report --pictures DEST RUN`: the contact sheet of the run's
+    evaluation (its first clips), held-out PSNR at each validation from validation_history.json, and
+    the --compare chart, each a PNG under 100 KB; the demo's Makefile target writes what it reads."""
+    import re
+    import shutil
+
+    from PIL import Image
+
+    from scripts.evaluation_report import (
+        LABEL_BAND,
+        PICTURE_BYTES,
+        SHEET_ROW,
+        SHEET_SOURCES,
+        main,
+        psnr_series,
+        write_validation_plot,
+    )
+
+    root, videos, run = setup
+    demo = tmp_path / "run"  # the run's records, and what make demo's evaluations add to them
+    demo.mkdir()
+    for name in ("validation_history.json", "resolved_config.json"):
+        shutil.copy(run / name, demo / name)
+    common = ["--videos", videos / "sample_0000.mp4", videos / "sample_0001.mp4", "--frames", "8", "--height", "32", "--width", "32"]
+    assert run_inference("--model", run, *common, "--out", demo / "evaluation").returncode == 0
+    assert run_inference("--compare", run, *common, "--out", demo / "compare").returncode == 0
+    out = tmp_path / "images"
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert main(["--pictures", str(out), str(demo)]) == 0
+    for name in ("contact_sheet.png", "psnr_vs_step.png", "compare.png"):
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and 1000 < len(data) < PICTURE_BYTES, name
+        assert f"{out / name} (" in stdout.getvalue()
+    assert Image.open(out / "contact_sheet.png").height == LABEL_BAND + 2 * (SHEET_ROW + LABEL_BAND)  # title, 2 clips
+    history = json.loads((run / "validation_history.json").read_text())
+    plotted = write_validation_plot(tmp_path / "plot.png", history, "32x32")
+    assert plotted == psnr_series(history) and plotted["psnr"] == [(h["step"], h["psnr"]) for h in history]
+    assert [step for step, _ in plotted["psnr"]] == [2, 4]
+    # make demo writes what the pictures are drawn from, then draws them
+    demo_target = (REPO_ROOT / "Makefile").read_text().split("\ndemo:", 1)[1].split("\n\n", 1)[0]
+    outs = re.findall(r"--out output/latest/(\S+)", demo_target)
+    assert SHEET_SOURCES[0] in outs and "compare" in outs and "--compare" in demo_target
+    assert demo_target.rstrip().endswith("-m scripts.evaluation_report --pictures output/latest/pictures output/latest")
+    # nothing to draw from: the missing ones named, exit 1
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+        assert main(["--pictures", str(tmp_path / "none"), str(tmp_path / "empty")]) == 1
+    assert stderr.getvalue().count("not made: ") == 3
