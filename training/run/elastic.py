@@ -99,11 +99,6 @@ def check_resumable(folder: Path, config) -> None:
     if not path.is_file():
         raise ValueError(f"{folder} is not a checkpoint written by this trainer (no {TOPOLOGY}): "
                          "pass a checkpoints/checkpoint-N folder of a run")
-    if not (Path(folder) / FULL_STATE).is_file():
-        raise ValueError(f"{folder} has no {FULL_STATE}: the checkpoint is incomplete; resume from another checkpoint")
-    refused = unsafe_files(Path(folder))  # before anything is loaded: no file of it runs code
-    if refused:
-        raise ValueError(refused[0])
     saved = json.loads(path.read_text())
     expected = checkpoint_contract(config)
     if saved.get("model_variant", expected["model_variant"]) != expected["model_variant"]:
@@ -117,6 +112,11 @@ def check_resumable(folder: Path, config) -> None:
     if saved.get("registered", expected["registered"]) != expected["registered"]:
         raise ValueError(f"{folder} was written with {', '.join(saved['registered'])} but this run has "
                          f"{', '.join(expected['registered'])}: keep ema_decay and seraena_weight on or off as in that run")
+    if not (Path(folder) / FULL_STATE).is_file():
+        raise ValueError(f"{folder} has no {FULL_STATE}: the checkpoint is incomplete; resume from another checkpoint")
+    refused = unsafe_files(Path(folder))  # before anything is loaded: no file of it runs code
+    if refused:
+        raise ValueError(refused[0])
 
 
 def full_state_files(state: dict, accelerator, config, micro_step: int) -> dict:
