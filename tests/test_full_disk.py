@@ -99,7 +99,7 @@ def test_a_full_disk_fails_the_checkpoint_and_keeps_the_last_complete_one(tmp_pa
 def test_a_failed_rename_is_a_failed_checkpoint_and_a_saved_step_keeps_its_folder(tmp_path, monkeypatch, capsys):
     """The rename into place fails (a lost mount, an I/O error): the complete temporary folder goes and
     the last checkpoint stays; saving a step that already has its folder (a resumed run at its last
-    step) keeps that folder when the rename fails."""
+    step) keeps that folder when the rename fails. Then a save succeeds and rotates the old one out."""
     run = small_run(tmp_path / "run")
     checkpoints = tmp_path / "run" / "checkpoints"
     assert save_checkpoint(run, 1) is not None
@@ -117,6 +117,10 @@ def test_a_failed_rename_is_a_failed_checkpoint_and_a_saved_step_keeps_its_folde
         assert sorted(p.name for p in checkpoints.iterdir()) == ["checkpoint-1"]
         assert_complete(checkpoints / "checkpoint-1")
     assert run.failed_checkpoints == 2
+    monkeypatch.undo()  # the mount is back: the next checkpoint is written and the older one rotated out
+    assert save_checkpoint(run, 3) is not None
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["checkpoint-3"]
+    assert_complete(checkpoints / "checkpoint-3")
 
 
 def test_an_export_to_a_full_disk_is_an_oserror_and_the_previous_export_stays(tmp_path, small_disk):

@@ -57,9 +57,10 @@ def checkpoint_due(run: TrainingRun, step: int) -> bool:
 def save_checkpoint(run: TrainingRun, step: int) -> Path | None:
     """Written to a temporary folder, then renamed: a crash mid-save never leaves a folder that
     resume would pick. Older checkpoints beyond the limit go only after the new one is complete.
-    A failed write (full disk, lost mount) on any rank is agreed by all ranks, logged with the
-    ranks it happened on, and returns None: the temporary folder is removed, the previous
-    checkpoint stays, and training goes on. It runs under the set-up timeout (nccl_timeout_s),
+    A failed write on any rank (a full disk, whose torch.save raises a RuntimeError, a lost mount,
+    the rename into place) is agreed by all ranks, logged with the ranks it happened on, and
+    returns None: the temporary folder is removed, the previous checkpoint stays, and training
+    goes on. It runs under the set-up timeout (nccl_timeout_s),
     not step_timeout_s: every rank writes its part (at 64 GPUs, tens of GB in all) while the others
     wait in the save's collectives, and slow storage must not look like a dead rank."""
     from training.base.failures import set_collective_timeout  # faults saves the stop checkpoint through here
@@ -80,7 +81,8 @@ def _save_checkpoint(run: TrainingRun, step: int) -> Path | None:
     final = run_dir / "checkpoints" / f"checkpoint-{step}"
     temporary = run_dir / "checkpoints" / f".tmp-checkpoint-{step}"
     if accelerator.is_main_process:
-        shutil.rmtree(temporary, ignore_errors=True)
+        for leftover in [temporary, *final.parent.glob(".removing-checkpoint-*")]:  # a removal a crash cut short
+            shutil.rmtree(leftover, ignore_errors=True)
     accelerator.wait_for_everyone()
     # Every rank first proves it can write there, and the ranks agree: a rank that cannot would
     # otherwise leave the others waiting inside DeepSpeed's save barriers.
@@ -177,7 +179,7 @@ def save_every_part(run: TrainingRun, temporary: Path, step: int) -> str:
 
 
 def stateful_objects(run: TrainingRun) -> dict:
-    """The run's state beyond model and optimizer (which accelerate saves), by name, in the
+    """The run's state beyond model and optimizer (full_state.pt), by name, in the
     order of STATE_NAMES; absent parts (no EMA, no Seraena) are left out."""
     named = {"scheduler": run.scheduler, "progress": run.progress, "ema": run.ema, "seraena": run.seraena}
     return {name: named[name] for name in STATE_NAMES if named[name] is not None}
@@ -188,8 +190,8 @@ def load_stateful_objects(folder: Path, objects: dict) -> None:
     for name, obj in objects.items():
         state = read_state(folder, name, present)
         if state is None:
-            raise FileNotFoundError(f"{folder}: no {name}_state.pt: the checkpoint is incomplete or from a run with "
-                                    f"other settings (ema_decay, seraena_weight); resume from another checkpoint")
+            raise ResumeError(f"{folder}: no {name}_state.pt: the checkpoint is incomplete or from a run with "
+                              f"other settings (ema_decay, seraena_weight); resume from another checkpoint")
         obj.load_state_dict(state)
 
 
