@@ -214,7 +214,7 @@ def test_streaming_agrees_and_every_model_path_kind_loads(setup, tmp_path):
     assert results["file"] == pytest.approx(results["run"], abs=1e-3)
     assert results["best"] > 0
     missing = run_inference("--model", str(tmp_path), *common, "--out", str(tmp_path / "x"))
-    assert missing.returncode == 2 and "no taehv.safetensors or taehv.pth" in missing.stderr
+    assert missing.returncode == 2 and "no TAEHV weight file (<variant>.safetensors or .pth)" in missing.stderr
     nothing = run_inference("--model", str(run), "--videos", str(videos / "broken.mp4"), "--out", str(tmp_path / "y"))
     assert nothing.returncode == 1
 
