@@ -19,7 +19,18 @@ from training.loop.state import TrainingRun
 from training.run.checkpoint_files import complete_checkpoints
 from training.loop.skips import STEP_SKIPS
 from training.config.terms import discriminator_updates
-from training.step.losses import StepLosses, add_seraena_term, at_step_scale, forward_losses, warm_late_terms
+from training.step.losses import (
+    StepLosses,
+    add_seraena_term,
+    at_step_scale,
+    forward_losses,
+    generators_kept,
+    halve,
+    halved_at,
+    shape_twin,
+    warm_late_terms,
+    warm_scale,
+)
 
 
 @dataclass
@@ -74,6 +85,8 @@ def compute_locally(run: TrainingRun, batch, window: Window) -> LocalResult:
         try:
             if not local.lost_batch:
                 video = batch["video"].to(accelerator.device, non_blocking=True).float() / 255  # N,T,3,H,W in [0, 1]
+                if not run.late_terms_warmed:  # before this step's forward: none of its activations are live yet
+                    warm_other_scales(run, video)
                 video = at_step_scale(run.config, video, run.progress.step + 1)
                 # finiteness of the reference latents as a device flag for the agreement (no wait here)
                 reference_latents = reference_latents_for(run, batch, video, check=False)
@@ -95,6 +108,25 @@ def compute_locally(run: TrainingRun, batch, window: Window) -> LocalResult:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return local
+
+
+def warm_other_scales(run: TrainingRun, video: torch.Tensor) -> None:
+    """cuDNN's tuning (cudnn.benchmark) of the scale of the clips that later steps train on and the
+    first does not (half_size_every: the pooled steps, or the full size when the first step is a
+    pooled one), in this process's first micro-step, on a twin of the student (losses.shape_twin) in
+    the step's precision: else the first such step would tune every convolution of the student, its
+    terms and Seraena mid-run. `video`: this micro-step's clips at full size."""
+    config, first = run.config, run.progress.step + 1
+    if not config.half_size_every or not torch.backends.cudnn.benchmark:
+        return
+    later = {halved_at(config, step) for step in range(first + 1, min(config.max_steps, first + config.half_size_every) + 1)}
+    for halved in later - {halved_at(config, first)}:
+        with generators_kept(video.device):  # the twin's initialisation draws nothing of the run's
+            twin = shape_twin(unwrap(run.accelerator, run.model))
+            with run.accelerator.autocast():  # what accelerate wraps the student's forward in (bf16 under DDP)
+                warm_scale(config, twin, halve(video) if halved else video, run.seraena, run.lpips)
+        run.log.line(f"the {'pooled' if halved else 'full-size'} clips of half_size_every={config.half_size_every} "
+                     f"ran once on a twin of the student (cuDNN tunes them now, not mid-run)")
 
 
 def agree_on(run: TrainingRun, local: LocalResult) -> tuple[str, str] | None:

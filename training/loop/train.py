@@ -55,7 +55,8 @@ from training.loop.report import CompileTime, log_due, log_training
 from training.loop.fault_injection import FaultInjection
 from training.loop.state import TrainingRun
 from training.loop.step import train_step
-from training.loop.validation import evaluation_model, validation_due, record_validation, validate, validation_line, with_baseline
+from training.loop.validation import (evaluation_model, validation_due, record_validation, validate, validation_line,
+                                      warm_up_validation, with_baseline)
 from training.run.checkpoint_files import complete_checkpoints
 from training.run.folder import Run, load_run, record_run
 from training.step.ema import PartitionedEMA, WeightEMA
@@ -332,6 +333,7 @@ def train(run: TrainingRun) -> None:
         from tqdm import tqdm
 
         bar = tqdm(total=config.max_steps, initial=progress.step, unit="step", dynamic_ncols=True)
+    warm_up_validation(run)  # validation's shapes tuned now, not at the first validation (the step's: its first micro-step)
     while progress.step < config.max_steps:
         # exact resume: the data position follows the batches drawn, skipped ones included
         run.sampler.set_position(*divmod(progress.micro_step, run.sampler.batches_per_epoch))

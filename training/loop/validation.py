@@ -15,7 +15,7 @@ from training.base.unwrap import unwrap
 from training.config.views import decoded_frame_count, student_of
 from training.loop.exports import current_weights, export_info, export_model
 from training.loop.step import reference_latents_for
-from training.step.losses import aligned
+from training.step.losses import aligned, generators_kept
 
 if TYPE_CHECKING:
     from training.loop.state import TrainingRun
@@ -55,7 +55,21 @@ def warping_available(run: TrainingRun) -> bool:
     return missing is None
 
 
-def validate(run: TrainingRun, evaluated: TAEHV) -> dict:
+def warm_up_validation(run: TrainingRun) -> None:
+    """cuDNN's tuning (cudnn.benchmark) of validation's shapes before step 1: each convolution shape
+    is timed at its first use, so the held-out batch, each of validation_sizes and the metrics' own
+    convolutions (SSIM's window, LPIPS) would be tuned at the first validation, mid-run. Runs validate's
+    work once on this rank's first batch and first clip at each size (validate(warming=True)), on a
+    fresh evaluation model (the values do not matter, its class, dtype and shapes do; the starting
+    weights' baseline is the same class), nothing reduced, logged or kept. No collective."""
+    if not torch.backends.cudnn.benchmark:
+        return
+    with generators_kept(run.accelerator.device):  # a reference VAE sampling its latents draws nothing of the run's
+        evaluated = TAEHV.from_args(unwrap(run.accelerator, run.model).taehv.args)
+        validate(run, evaluated.to(run.accelerator.device).eval(), warming=True)
+
+
+def validate(run: TrainingRun, evaluated: TAEHV, warming: bool = False) -> dict:
     """PSNR, SSIM, LPIPS (when its weights are on this machine), flicker (when two or more frames
     are decoded), luma and chroma PSNR, the colourfulness ratio (mean colourfulness of the
     reconstructions over that of the inputs) and the warping error (two or more frames, OpenCV; on
@@ -66,7 +80,8 @@ def validate(run: TrainingRun, evaluated: TAEHV) -> dict:
     another) and named once; when every clip is skipped the result is skipped_clips alone, no metric.
     Each rank runs validation_batch_size clips at a time, in the step's precision
     (bf16 autocast under a bf16 run on a GPU; the metrics in fp32). Rank 0 sends its first clips to
-    TensorBoard."""
+    TensorBoard. warming: this rank's first batch only (warm_up_validation), every clip kept, nothing
+    reduced, logged or returned."""
     from models.metrics import chroma_psnr, colourfulness, flicker, luma_psnr, psnr, source_warps, ssim, warping_error
 
     accelerator, dataset = run.accelerator, run.validation_dataset
@@ -74,7 +89,7 @@ def validate(run: TrainingRun, evaluated: TAEHV) -> dict:
                                enabled=run.config.mixed_precision == "bf16" and accelerator.device.type == "cuda")
     count = min(run.config.validation_samples, len(dataset))
     temporal = decoded_frame_count(run.config) >= 2  # flicker compares consecutive frames
-    warping = temporal and warping_available(run)
+    warping = temporal and not warming and warping_available(run)  # OpenCV's flow, on the CPU: nothing to tune
     metrics = ("psnr", "ssim") + (("lpips",) if run.lpips is not None else ()) + (("flicker",) if temporal else ())
     # sums whose ratios are reported: colourfulness of both, the warping error over the clips that have one
     metrics += ("luma_psnr", "chroma_psnr", "colourfulness", "source_colourfulness")
@@ -89,7 +104,7 @@ def validate(run: TrainingRun, evaluated: TAEHV) -> dict:
     # no larger than the most clips one rank holds: no more repeats to fill up than needed
     size = max(1, min(run.config.validation_batch_size, -(-count // accelerator.num_processes)))
     with torch.no_grad():  # a plain module: ranks need not run the same number of forwards
-        for indices in (own[i : i + size] for i in range(0, len(own), size)):
+        for indices in [own[i : i + size] for i in range(0, len(own), size)][: 1 if warming else None]:
             items = [dataset[index] for index in indices]
             # a short batch is filled up with repeats of its first clip, left out of every sum: the models
             # see one shape, which cuDNN's autotuning times once (docs/performance.md#cudnn-autotuning)
@@ -97,7 +112,7 @@ def validate(run: TrainingRun, evaluated: TAEHV) -> dict:
             batch = {key: torch.stack([item[key] for item in items]) for key in ("video", "latents") if key in items[0]}
             video = batch["video"].to(accelerator.device).float() / 255
             reference_latents = reference_latents_for(run, batch, video, check=False) if run.config.use_ref_vae else None
-            if reference_latents is not None:  # a non-finite clip is left out here, never raised: ranks stay in step
+            if reference_latents is not None and not warming:  # a non-finite clip is left out here, never raised: ranks stay in step
                 finite = reference_latents[: len(indices)].flatten(1).isfinite().all(1).tolist()
                 if not all(finite):
                     skipped += [clip_name(dataset, items[row], indices[row]) for row, ok in enumerate(finite) if not ok]
@@ -133,8 +148,11 @@ def validate(run: TrainingRun, evaluated: TAEHV) -> dict:
                 values[f"psnr_frame{t}"] = psnr(frames[:, t], target[:, t])
             totals[:-1] += torch.cat([torch.stack([values[n].float()[: len(indices)].sum() for n in names]), totals.new_full((1,), len(indices))])
             for row, index in enumerate(indices):
-                if index < SAMPLE_CLIPS * accelerator.num_processes:  # rank 0's first clips go to TensorBoard
+                if index < SAMPLE_CLIPS * accelerator.num_processes and not warming:  # rank 0's first clips go to TensorBoard
                     log_sample_image(run, video[row : row + 1], decoded[""][row : row + 1], index // accelerator.num_processes)
+    if warming:
+        validate_at_sizes(run, evaluated, warming=True)
+        return {}
     totals = accelerator.reduce(totals, reduction="sum") if accelerator.num_processes > 1 else totals
     sums = {name: totals[i].item() for i, name in enumerate(names)}
     clips, skipped_clips = totals[-2].item(), int(totals[-1].item())
@@ -155,18 +173,18 @@ def validate(run: TrainingRun, evaluated: TAEHV) -> dict:
     return {**out, "skipped_clips": skipped_clips} if skipped_clips else out
 
 
-def validate_at_sizes(run: TrainingRun, evaluated: TAEHV) -> dict:
+def validate_at_sizes(run: TrainingRun, evaluated: TAEHV, warming: bool = False) -> dict:
     """At each of validation_sizes, the same held-out clips cut to that size: `<H>x<W>_psnr`,
     `_chroma_psnr` and `_colourfulness_ratio` of the round trip, and the same of the 8x8 block
     average (`<H>x<W>_block_average_...`), the blur a model should beat. The student is fully
     convolutional, so a user runs it at sizes it never trained at; this shows what they see. Clips
     are split across ranks, one at a time, and the sums reduced; no reference latents (autoencoder
-    round trip only)."""
+    round trip only). warming: this rank's first clip only, nothing reduced or returned."""
     from models.metrics import block_average, chroma_psnr, colourfulness, psnr
 
     accelerator, config = run.accelerator, run.config
     count = min(config.validation_samples, len(run.validation_dataset))
-    own = range(accelerator.process_index, count, accelerator.num_processes)
+    own = range(accelerator.process_index, count, accelerator.num_processes)[: 1 if warming else None]
     precision = torch.autocast(accelerator.device.type, torch.bfloat16,
                                enabled=config.mixed_precision == "bf16" and accelerator.device.type == "cuda")
     out = {}
@@ -184,6 +202,8 @@ def validate_at_sizes(run: TrainingRun, evaluated: TAEHV) -> dict:
                 for reconstruction in (frames, block_average(target)):
                     values += [psnr(reconstruction, target), chroma_psnr(reconstruction, target), colourfulness(reconstruction)]
                 totals += torch.cat([*values, colourfulness(target), totals.new_ones(1)])
+        if warming:
+            continue
         totals = accelerator.reduce(totals, reduction="sum") if accelerator.num_processes > 1 else totals
         sums = totals.tolist()
         clips, source = sums[7], sums[6]

@@ -168,12 +168,19 @@ TERM_LOSSES = {"encoder": _latent_mse, "decoder": _pixels, "reconstruction": _pi
                "perceptual": _perceptual, "temporal": _temporal}
 
 
+def halved_at(config, step: int) -> bool:
+    """Whether optimizer step `step` (1-based) trains on its clips average-pooled 2x (half_size_every)."""
+    return bool(config.half_size_every) and step % config.half_size_every == 0
+
+
 def at_step_scale(config, video: torch.Tensor, step: int) -> torch.Tensor:
     """The clips optimizer step `step` (1-based) trains on: every half_size_every-th step
     average-pooled 2x (mixed scales), else as they are. Every micro-step of a step, on every
     rank, has the same scale."""
-    if not config.half_size_every or step % config.half_size_every:
-        return video
+    return halve(video) if halved_at(config, step) else video
+
+
+def halve(video: torch.Tensor) -> torch.Tensor:
     return F.avg_pool2d(video.flatten(0, 1), 2).unflatten(0, video.shape[:2])
 
 
@@ -263,6 +270,50 @@ def warm_late_terms(config, losses: StepLosses, video: torch.Tensor, reference_l
         TERM_LOSSES[term.name](config, read, video, reference_latents, lpips).backward()
         warmed.append(term.name)
     return warmed
+
+
+def generators_kept(device: torch.device):
+    """A context in which the CPU generator and `device`'s are forked (torch.random.fork_rng): a warm-up
+    draws nothing from the run's random streams, so a resumed run, which warms up again, continues
+    exactly as the run it resumes."""
+    return torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type=device.type)
+
+
+def shape_twin(student: Student) -> Student:
+    """A Student built as `student` is, for cuDNN's tuning: the same construction arguments,
+    checkpointing and fast path (NHWC activations, the compiled runner), and each parameter's device,
+    dtype, memory format and requires_grad, with weights of its own: the algorithm cuDNN times for a
+    convolution depends on shapes, dtypes and layouts, never on values. Built, not copied: a ZeRO-3
+    engine's parameters hold only this rank's partition, and a copy would carry the engine's hooks."""
+    live = student.taehv
+    taehv = TAEHV.from_args(live.args).to(next(live.parameters()).device)
+    taehv.set_gradient_checkpointing(live.gradient_checkpointing)
+    taehv.channels_last, taehv.parallel_runner = live.channels_last, live.parallel_runner
+    sources = dict(live.named_parameters())
+    with torch.no_grad():
+        for name, param in taehv.named_parameters():
+            source = sources[name]
+            if source.shape == param.shape:  # its strides (NHWC weights); a ZeRO-3 partition is flat: NCHW, as ZeRO keeps them
+                param.data = torch.empty_strided(param.shape, source.stride(), dtype=source.dtype, device=param.device).copy_(param)
+            else:
+                param.data = param.data.to(source.dtype)
+            param.requires_grad_(source.requires_grad)
+    return Student(taehv.train())
+
+
+def warm_scale(config, twin: Student, video: torch.Tensor, seraena: "SeraenaState | None", lpips: nn.Module | None) -> None:
+    """cuDNN's tuning of one more scale of the clips (half_size_every's pooled steps, in autoencoder
+    mode): the student's forward and backward with every term on, at its full weight, and Seraena's
+    discriminator and correction (on its copy), on a shape_twin of the student, so nothing of the run
+    changes. `video`: N,T,3,H,W in [0, 1] at that scale; the caller's precision context applies."""
+    losses = forward_losses(config, twin, video, None, lpips)  # step None: every term that is on
+    total = losses.total
+    if losses.seraena_inputs is not None:  # its term's gradient reaches the student through the decode
+        total = total + losses.seraena_inputs[1].square().mean()
+    if total.requires_grad:
+        total.backward()
+    if seraena is not None and losses.seraena_inputs is not None:
+        seraena.warm_up(*losses.seraena_inputs)
 
 
 def log_seraena_stats(seraena: "SeraenaState", logged: dict) -> None:
