@@ -54,14 +54,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the result here")
     parser.add_argument("--host", action="store_true", help="count what each step costs the host (kernel-launching ops, "
                         "views, syncs, host ms at a 16x16 crop) on this CPU, for both sides: scripts/host_cost.py")
+    parser.add_argument("--processes", type=int, default=1, help="with --host: count a multi-process step per rank, on this "
+                        "many CPU processes under each of --engines, at the notebook's recipe and at --profile's shape "
+                        "scaled down in space (the notebook's side is not run)")
+    parser.add_argument("--profile", default="h100", help="with --processes: the profile whose step is counted")
+    parser.add_argument("--engines", default="ddp,zero2,zero3", help="with --processes: of ddp, zero2, zero3")
+    parser.add_argument("--shapes", default="notebook_recipe,profile_shape", help="with --processes: of notebook_recipe, profile_shape")
     args = parser.parse_args(argv)
+    command = " ".join([sys.executable, "-m", "scripts.benchmark_notebook", *(argv if argv is not None else sys.argv[1:])])
+    if args.host and args.processes > 1:
+        from scripts.host_cost import main as host_cost
+
+        emit_result({"command": command, "host": host_cost(None, None, args.set, args.profile, processes=args.processes,
+                                                           engines=tuple(args.engines.split(",")), shapes=tuple(args.shapes.split(",")))},
+                    args.json)
+        return 0
     files = upstream_files(args.taehv_dir, args.seraena_dir)
     args.taehv_dir, args.seraena_dir = (path.parent for path in files)
     for path in files:
         if not path.is_file():
             raise SystemExit(f"{path} not found: point --taehv-dir / --seraena-dir at checkouts of madebyollin/taehv and "
                              "madebyollin/seraena (or set TAEHV_UPSTREAM_DIR / SERAENA_UPSTREAM_DIR)")
-    command = " ".join([sys.executable, "-m", "scripts.benchmark_notebook", *(argv if argv is not None else sys.argv[1:])])
     if args.host:
         from scripts.host_cost import main as host_cost
 

@@ -1,6 +1,7 @@
 """What a training step costs the host, counted on a CPU: how to steer a GPU step's speed without a GPU.
 
     python -m scripts.benchmark_notebook --host [--json F]
+    python -m scripts.benchmark_notebook --host --processes 2 [--profile h100] [--engines ddp,zero2,zero3] [--json F]
 
 At small shapes a GPU step is bound by the host: every op that launches a kernel, every read of a
 device value (a sync: the host waits for every kernel queued before it) and every per-parameter
@@ -37,6 +38,13 @@ it); counted inside train_step and the EMA's step. The two sides alternate step 
 process (NotebookSide), each first every other step: each pair of steps meets the same load on a
 shared machine, and neither side always follows the data loader's work. Both subtract the same
 figure for the counter's own cost (measured beside each pair).
+
+With --processes N (multi_process_costs): the same count per rank of a multi-process step, N CPU
+processes over gloo under each engine (ENGINES: DDP, ZeRO-2, ZeRO-3; bf16 as the GPU profiles run),
+at the notebook's recipe and at the profile's own step scaled down in space only (profile_shape_sets:
+its batch, frames, accumulation and loss terms, its reference family as a full-size VAE with random
+weights, 480x720 -> 16x24). Figures are per optimizer step and per rank; the notebook's side is
+not run there (the one-process mode compares with it).
 """
 
 from __future__ import annotations
@@ -299,27 +307,29 @@ def our_config_sets(vae_folder: Path, clips: Path) -> list[str]:
             f"max_steps={WARMUP_STEPS + COUNTED_STEPS}"]
 
 
-def host_costs(profile: str, vae_folder: Path, work: Path, extra_sets: list[str], notebook: tuple[Path, Path]) -> dict:
+def host_costs(profile: str, vae_folder: Path, work: Path, extra_sets: list[str], notebook: tuple[Path, Path] | None,
+               processes: int = 1, sets: list[str] | None = None) -> dict:
     """{"ours": ..., "notebook": ...}. Ours: the trainer launched by accelerate with the profile's
-    accelerate file, one process, this module as the script (worker below), which counts inside the
-    trainer's own step; the notebook's step (upstream's code in the checkouts `notebook`) alternates
-    with ours in that process."""
+    accelerate file, this module as the script (worker below), which counts inside the trainer's own
+    step; the notebook's step (upstream's code in the checkouts `notebook`) alternates with ours in
+    that process. notebook=None: ours alone, on `processes` ranks ({"ours": rank 0's, "ranks": each
+    rank's}); `sets`: our config (default: the notebook's recipe, our_config_sets)."""
     from scripts.benchmark import free_port
     from training.config.load import load_config
-    from training.data.synthetic_clips import make_sample_videos
 
-    clips = work / "clips"
-    make_sample_videos(clips, count=SHAPE["batch"] + 8, n_frames=24)  # a batch of training clips beside the held-out ones
-    sets = [*our_config_sets(vae_folder, clips), *extra_sets]
-    config = load_config(profile, sets, 1, check_paths=False)
+    clips = sample_clips(work)
+    sets = [*(sets if sets is not None else our_config_sets(vae_folder, clips)), *extra_sets]
+    config = load_config(profile, sets, processes, check_paths=False)
     repo = Path(__file__).resolve().parents[1]
     report = work / "ours.json"
-    report.unlink(missing_ok=True)
+    for old in (report, *work.glob("ours.rank*.json")):
+        old.unlink(missing_ok=True)
     shutil.rmtree(work / "run", ignore_errors=True)  # a fresh run each time
+    sides = notebook if notebook is not None else ("-", "-")
     command = [sys.executable, "-m", "training.base.launch", "--config_file",
-               str(repo / "accelerate_configs" / config.accelerate_config), "--num_processes", "1", "--num_machines", "1",
+               str(repo / "accelerate_configs" / config.accelerate_config), "--num_processes", str(processes), "--num_machines", "1",
                "--machine_rank", "0", "--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port()),
-               str(Path(__file__).resolve()), "--worker", str(report), *map(str, (*notebook, vae_folder)), "--config", profile, "--output-dir", str(work / "run"),
+               str(Path(__file__).resolve()), "--worker", str(report), *map(str, (*sides, vae_folder)), "--config", profile, "--output-dir", str(work / "run"),
                *(arg for item in sets for arg in ("--set", item))]
     done = subprocess.run(command, cwd=repo, capture_output=True, text=True,
                           env={**os.environ, "OMP_NUM_THREADS": str(THREADS), **CACHING_MALLOC})
@@ -327,7 +337,76 @@ def host_costs(profile: str, vae_folder: Path, work: Path, extra_sets: list[str]
         raise RuntimeError(f"our step's count failed (exit {done.returncode}): {(done.stdout + done.stderr)[-3000:]}")
     costs = json.loads(report.read_text())
     costs["ours"]["engine"] = f"{config.accelerate_config} (ZeRO {config.zero_stage}, {config.mixed_precision})"
+    if notebook is None:
+        ranks = [costs["ours"]] + [json.loads((work / f"ours.rank{rank}.json").read_text())["ours"] for rank in range(1, processes)]
+        costs["ranks"] = [{key: rank[key] for key in RANK_FIGURES} for rank in ranks]
     return costs
+
+
+def sample_clips(work: Path) -> Path:
+    from training.data.synthetic_clips import make_sample_videos
+
+    clips = work / "clips"
+    make_sample_videos(clips, count=2 * SHAPE["batch"] + 8, n_frames=24)  # a batch of training clips per rank beside the held-out ones
+    return clips
+
+
+# the engines a multi-process count compares: each a GPU profile's accelerate file (bf16), run on CPU processes over gloo
+ENGINES = {"ddp": "ddp_gpu_bf16.yaml", "zero2": "deepspeed_8gpu.yaml", "zero3": "deepspeed_16gpu_zero3.yaml"}
+RANK_FIGURES = ("kernel_ops_per_step", "view_ops_per_step", "syncs_per_step", "host_ms_per_step")
+SPACE_SCALE = 30  # the profile's shape in space only: 480x720 -> 16x24 (multiples of the student's 8x)
+PROFILE_SHAPE_STEPS = 3  # counted optimizer steps at the profile's shape (each is its accumulation's micro-steps)
+
+
+def profile_shape_sets(profile: str, work: Path) -> list[str]:
+    """The profile's own step scaled down in space only: its batch, frames, accumulation and loss terms
+    (the perceptual term's LPIPS and its reference family with random weights, the student from
+    scratch: the same ops), at height and width / SPACE_SCALE; data, validation and checkpoints out of
+    the way."""
+    from models.metrics import save_random_lpips_weights
+    from training.config.load import load_config
+
+    config = load_config(profile, [], check_paths=False)
+    family = config.reference_family
+    sets = [f"height={config.height // SPACE_SCALE}", f"width={config.width // SPACE_SCALE}",
+            f"gradient_accumulation_steps={config.gradient_accumulation_steps}", "global_batch_size=0",
+            "pretrained_model_path=", "latent_space_check=false", f"data_root={sample_clips(work)}", "num_workers=0",
+            "validation_steps=1000", "checkpointing_steps=1000", "log_every=1000", f"max_steps={WARMUP_STEPS + PROFILE_SHAPE_STEPS}"]
+    if config.use_ref_vae:
+        sets += [f"ref_vae_path={full_size_vae_folder(family, work)}", "ref_vae_latent_space=raw"]
+    if config.perceptual_weight > 0:
+        backbone, heads = save_random_lpips_weights(work / "lpips")
+        sets += [f"lpips_backbone_path={backbone}", f"lpips_weights_path={heads}"]
+    return sets
+
+
+def full_size_vae_folder(family: str, work: Path) -> Path:
+    """The family's VAE at its full size (its diffusers class's default architecture), random weights in bf16."""
+    if family == "wan":
+        return wan_vae_folder(work)
+    folder = work / f"{family}-random" / "vae"
+    if not (folder / "config.json").is_file():
+        from models.reference_vae import vae_class
+
+        torch.manual_seed(0)
+        vae_class(family)().to(torch.bfloat16).save_pretrained(str(folder))
+    return folder.parent
+
+
+def multi_process_costs(profile: str, work: Path, processes: int = 2, engines: tuple[str, ...] = tuple(ENGINES),
+                        shapes: tuple[str, ...] = ("notebook_recipe", "profile_shape"), extra_sets: list[str] = ()) -> dict:
+    """Per rank and per optimizer step, the profile's step on `processes` CPU processes under each
+    engine: {shape: {engine: {"ours": rank 0's figures, "ranks": each rank's}}}."""
+    result = {"profile": profile, "processes": processes, "engines": {name: ENGINES[name] for name in engines}}
+    for shape in shapes:
+        sets = (our_config_sets(wan_vae_folder(work), sample_clips(work)) if shape == "notebook_recipe"
+                else profile_shape_sets(profile, work))
+        result[shape] = {}
+        for name in engines:
+            costs = host_costs(profile, wan_vae_folder(work), work, [*extra_sets, f"accelerate_config={ENGINES[name]}"], None,
+                               processes=processes, sets=sets)
+            result[shape][name] = {"ours": costs["ours"], "ranks": costs["ranks"]}
+    return result
 
 
 def worker(report: Path, taehv_dir: Path, seraena_dir: Path, vae_folder: Path, argv: list[str]) -> int:
@@ -356,28 +435,32 @@ def worker(report: Path, taehv_dir: Path, seraena_dir: Path, vae_folder: Path, a
         counter.wrap(ema, "step", "ema")
     steps, seconds, overheads, last = [], [], [], [False]  # last: whether the latest train_step was counted
     train_step = loop.train_step
-    notebook = NotebookSide(taehv_dir, seraena_dir, vae_folder)
+    notebook = NotebookSide(taehv_dir, seraena_dir, vae_folder) if str(taehv_dir) != "-" else None  # "-": ours alone
 
     def counted_step(run, batch):
         if not steps:  # the accelerator's backward and the optimizer's step, once built
             counter.wrap(run.accelerator, "backward", "backward")
             counter.wrap(run.optimizer, "step", "optimizer")
             counter.wrap(run.optimizer, "zero_grad", "optimizer")
-        counted = len(steps) >= WARMUP_STEPS
+        window = run.accelerator.gradient_accumulation_steps
+        first = len(steps) % window == 0  # the micro-step that opens an optimizer step's window
+        counted = len(steps) // window >= WARMUP_STEPS
         notebook_first = len(steps) % 2 == 0  # each side first every other step: neither always follows the loader's work
-        if notebook_first:
+        if notebook is not None and notebook_first:
             notebook.step(counted)
         counter.counting = counted
         start = CLOCK()
-        counter.start_step()
+        counter.start_step(new=first)
         with counter:
             result = train_step(run, batch)
-        steps.append(run.accelerator.gradient_accumulation_steps)
+        steps.append(window)
         counter.counting = False  # the loader's work between steps is not the step's
         if counted:
-            seconds.append(CLOCK() - start)
-            overheads.append(counter_overhead_s())  # beside each pair of steps: the machine's load of the moment
-        if not notebook_first:
+            if first:
+                seconds.append(0.0)
+                overheads.append(counter_overhead_s())  # beside each pair of steps: the machine's load of the moment
+            seconds[-1] += CLOCK() - start
+        if notebook is not None and not notebook_first:
             notebook.step(counted)
         last[0] = counted
         return result
@@ -405,16 +488,24 @@ def worker(report: Path, taehv_dir: Path, seraena_dir: Path, vae_folder: Path, a
         # one figure for the counter's own cost, subtracted alike from both sides (measured apart, at two
         # moments of a shared machine, it differed by more than the sides did)
         overhead = statistics.median(overheads)
-        ours, theirs = counter.per_step(counted, steps[-1], seconds, overhead), notebook.report(overhead)
+        ours = counter.per_step(counted, steps[-1], seconds, overhead)
+        if notebook is None:  # one report per rank
+            rank = int(os.environ.get("RANK", "0"))
+            (report if rank == 0 else report.with_name(f"{report.stem}.rank{rank}.json")).write_text(json.dumps({"ours": ours}))
+            return code
+        theirs = notebook.report(overhead)
         # each of our steps over the notebook's step just before it (the same moment's load), the median pair
         ratios = sorted(a / b for a, b in zip(ours["host_ms_by_step"], theirs["host_ms_by_step"]))
         report.write_text(json.dumps({"ours": ours, "notebook": theirs, "ours_over_notebook_host_ms": ratios[len(ratios) // 2]}))
     return code
 
 
-def main(taehv_dir: Path, seraena_dir: Path, sets: list[str], profile: str = "1gpu_h100", work: Path | None = None) -> dict:
+def main(taehv_dir: Path, seraena_dir: Path, sets: list[str], profile: str = "1gpu_h100", work: Path | None = None,
+         processes: int = 1, engines: tuple[str, ...] = tuple(ENGINES), shapes: tuple[str, ...] = ("notebook_recipe", "profile_shape")) -> dict:
     work = work or Path(os.environ.get("TMPDIR", "/tmp")) / "taehv_host_cost"
     work.mkdir(parents=True, exist_ok=True)
+    if processes > 1:
+        return multi_process_costs(profile, work, processes, engines, shapes, sets)
     return host_costs(profile, wan_vae_folder(work), work, sets, (taehv_dir, seraena_dir))
 
 

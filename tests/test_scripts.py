@@ -300,6 +300,26 @@ def test_the_host_count_runs_both_sides_as_a_user_launches_it(tmp_path):
     assert ours["engine"] == "ddp_gpu_bf16.yaml (ZeRO 0, bf16)" and costs["ours_over_notebook_host_ms"] > 0
 
 
+def test_the_multi_process_host_count_gives_each_rank_per_optimizer_step(tmp_path):
+    """benchmark_notebook --host --processes 2 as multi_process_costs runs each engine: h100's step on 2
+    CPU processes under DDP (its default engine), at the notebook's recipe with a tiny Wan VAE and 2
+    micro-steps per optimizer step: one report per rank, per optimizer step (both micro-steps counted,
+    DDP's all-reduce in the window's last), no sync but the agreement's read of each micro-step."""
+    from models.reference_vae import tiny_reference_vae_config, vae_class
+    from scripts.host_cost import ENGINES, host_costs, our_config_sets, sample_clips
+
+    vae_folder = tmp_path / "wan"
+    vae_class("wan")(**tiny_reference_vae_config("wan")).save_pretrained(str(vae_folder / "vae"))
+    sets = [*our_config_sets(vae_folder, sample_clips(tmp_path)), "batch_size_per_gpu=2", "gradient_accumulation_steps=2", "max_steps=3"]
+    costs = host_costs("h100", vae_folder, tmp_path, [f"accelerate_config={ENGINES['ddp']}"], None, processes=2, sets=sets)
+    ours, ranks = costs["ours"], costs["ranks"]
+    assert ours["engine"] == "ddp_gpu_bf16.yaml (ZeRO 0, bf16)" and len(ranks) == 2 and len(ours["host_ms_by_step"]) == 1
+    assert ours["kernel_ops_per_step"] == 2 * ours["kernel_ops_per_micro_step"]
+    assert ranks[0]["kernel_ops_per_step"] == ranks[1]["kernel_ops_per_step"]  # DDP: every rank runs the same step
+    assert all(rank["syncs_per_step"] == 2 for rank in ranks), ours["syncs_by_where"]  # the agreement's read per micro-step
+    assert {"reference_encode", "student_forward", "backward", "optimizer", "ema"} <= set(ours["kernel_ops_by_part"])
+
+
 def test_compare_recipes_table_gives_each_candidate_at_each_size_beside_the_block_average():
     from types import SimpleNamespace
 
