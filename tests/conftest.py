@@ -35,7 +35,8 @@ def pytest_configure(config):
 # of files changes; a stale entry costs balance, never a result.
 LONGEST_FILES = ("test_launchers.py", "test_training.py", "test_object_storage.py", "test_any_vae.py", "test_soak.py",
                  "test_memory.py", "test_docs.py", "test_environment.py", "test_cuda_rules.py", "test_scripts.py", "test_elastic.py",
-                 "test_buckets.py", "test_inference.py", "test_latent_cache.py", "test_checkpoint_size.py", "test_compile.py")
+                 "test_buckets.py", "test_inference.py", "test_latent_cache.py", "test_checkpoint_size.py", "test_compile.py",
+                 "test_old_checkpoints.py", "test_orphans.py", "test_full_disk.py")
 
 
 def pytest_collection_modifyitems(config, items):
