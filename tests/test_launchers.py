@@ -464,8 +464,9 @@ def test_production_and_ddp_files_train_with_two_cpu_processes(accelerate_file, 
             r"Starting weights \| psnr: ([\d.]+)", first.stdout).group(1)), abs=0.01)
     assert f"2 processes | ZeRO {zero}" in first.stdout
     if zero:  # bf16 engines sum a window's gradients in fp32, as the engine itself reports; ZeRO-2 checks
-        # finiteness once (training/loop/build.py check_finiteness_once): the infinite gradient above still skips
-        once = "; inf/NaN skipped by the global norm's check alone" if zero == 2 else ""
+        # finiteness once, on the device (training/loop/build.py check_finiteness_once): the infinite gradient
+        # above still skips on both ranks
+        once = "; inf/NaN skipped on the device by the fused AdamW's found_inf" if zero == 2 else ""
         assert f"2 processes | ZeRO {zero} (gradients accumulated in float32{once})" in first.stdout
     oom_step, nonfinite_step = (2, 3) if accumulation == 1 else (1, 2)  # the step micro-steps 2 and 4 belong to
     assert f"out of memory {where} at micro-step 2 (step {oom_step}): skipped on all ranks" in first.stdout

@@ -91,13 +91,16 @@ def check_deepspeed_batch(accelerator, config: TrainConfig) -> None:
 
 
 def check_finiteness_once(model) -> None:
-    """ZeRO-1/2 in bf16 checks a step's gradients for inf and NaN twice: a scan of every gradient
-    partition (an op per gradient, an all-reduce and a host read: 1,677 ops a step at taew2_1) and
-    then the global norm it computes anyway for clipping. The norm is all-reduced, so every rank reads
-    the same value, and any inf or NaN element makes it non-finite: its check alone skips the same
-    steps on every rank, and the scan is dropped. ZeRO-3 in bf16 checks only the norm already. Applied
-    only where this DeepSpeed's step still checks the norm (else the scan stays); the run's first line
-    says where it is (engine_note)."""
+    """ZeRO-1/2 in bf16 decides a step's finiteness on the device, once, as DDP and one process do.
+    DeepSpeed's own checks read the device on the host: a scan of every gradient partition (an op per
+    gradient, an all-reduce and a read: 1,677 ops a step at taew2_1), then the global norm's validity
+    read twice (its step's overflow check and its clipping's). The norm is all-reduced, so every rank
+    holds the same value, and any inf or NaN element makes it non-finite: the fused AdamW's found_inf,
+    set on the device from that norm, skips the update on every rank (moments and step counts
+    included), and DeepSpeed's checks are off (check_grad_overflow=False; its clipping scale computed
+    without the host read: a non-finite norm's scale is never applied). ZeRO-3 in bf16 checks only the
+    norm already (its step's one read). Applied only where this DeepSpeed's step, norm and clipping are
+    the ones read here (else its checks stay); the run's first line says which (engine_note)."""
     import inspect
 
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
@@ -105,9 +108,31 @@ def check_finiteness_once(model) -> None:
     optimizer = getattr(model, "optimizer", None)
     if not (isinstance(optimizer, DeepSpeedZeroOptimizer) and optimizer.dtype == torch.bfloat16
             and optimizer.check_grad_overflow and optimizer.compute_grad_norm and not optimizer.cpu_offload
-            and "is_invalid_grad_norm(scaled_global_grad_norm)" in inspect.getsource(DeepSpeedZeroOptimizer.step)):
+            and getattr(optimizer.optimizer, "defaults", {}).get("fused")
+            and "or self.check_grad_overflow) and is_invalid_grad_norm(scaled_global_grad_norm)" in inspect.getsource(DeepSpeedZeroOptimizer.step)
+            and "scaled_global_grad_norm = self.scaled_global_norm()" in inspect.getsource(DeepSpeedZeroOptimizer.step)
+            and "combined_scale = clip * self.loss_scale" in inspect.getsource(DeepSpeedZeroOptimizer.unscale_and_clip_grads)):
         return
-    optimizer.check_overflow = lambda partition_gradients=True: None  # self.overflow stays False until the norm's check
+    base, global_norm = optimizer.optimizer, optimizer.scaled_global_norm
+
+    def scaled_global_norm(*args, **kwargs):
+        norm = global_norm(*args, **kwargs)  # all-reduced: the same on every rank; inf/NaN, or DeepSpeed's -1 for them
+        base.found_inf = (~torch.isfinite(norm) | (norm < 0)).float().reshape(())
+        return norm
+
+    def unscale_and_clip_grads(grad_groups_flat, total_norm):  # DeepSpeed's, less its bool() of the norm
+        if optimizer.clip_grad == 0.0 and optimizer.loss_scale == 1.0:
+            return
+        combined_scale = optimizer.loss_scale
+        if optimizer.clip_grad > 0.0:
+            combined_scale = torch.clamp((total_norm / optimizer.loss_scale + 1e-6) / optimizer.clip_grad, min=1.0) * optimizer.loss_scale
+        for grad in grad_groups_flat:
+            for part in grad if isinstance(grad, list) else [grad]:
+                part.data.mul_(1.0 / combined_scale)
+
+    optimizer.check_grad_overflow = False  # bf16: no scan, no read of the norm in its step
+    optimizer.scaled_global_norm = scaled_global_norm
+    optimizer.unscale_and_clip_grads = unscale_and_clip_grads
 
 
 def configure_cuda(config: TrainConfig) -> None:

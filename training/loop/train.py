@@ -296,7 +296,7 @@ def engine_note(model) -> str:
     optimizer = getattr(model, "optimizer", None)
     dtype = getattr(optimizer, "gradient_accumulation_dtype", None)
     if dtype is not None:
-        checked = "; inf/NaN skipped by the global norm's check alone" if "check_overflow" in vars(optimizer) else ""
+        checked = "; inf/NaN skipped on the device by the fused AdamW's found_inf" if "scaled_global_norm" in vars(optimizer) else ""
         return f" (gradients accumulated in {str(dtype).removeprefix('torch.')}{checked})"
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         return " (DDP)"
