@@ -83,5 +83,20 @@ WHEELHOUSE_PLATFORM ?= manylinux_2_28_x86_64
 wheelhouse:
 	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m scripts.wheelhouse --out $(WHEELHOUSE) --python-version $(PYTHON_VERSION) --torch $(CONTAINER_TORCH) --platform $(WHEELHOUSE_PLATFORM)
 
+# lowest-deps: requirements.txt's lower bounds are what the project was tested with, tested: a second venv
+# (LOWEST_VENV) with every requirement at its lower bound (uv's lowest-direct resolution, uv from PyPI into
+# that venv), then scripts/lowest_deps.py: the versions are the bounds, every module imports, and the test
+# profile trains with every loss term on, distilling under DeepSpeed and with mixed scales in one process.
+# Not part of `make test`: on Linux PyPI's build of an old torch is a CUDA one (5.8 GB of venv in all, run
+# on the CPU); about 5 minutes on 2 cores with the downloads, 2-3 after, DeepSpeed's CPU op included (2026-11-28).
+LOWEST_VENV ?= $(VENV)/lowest-deps
+.PHONY: lowest-deps
+lowest-deps:
+	test -x $(LOWEST_VENV)/bin/python || $(PYTHON) -m venv $(LOWEST_VENV)
+	$(LOWEST_VENV)/bin/python -m pip install --quiet uv
+	$(LOWEST_VENV)/bin/python -m uv pip install --quiet --python $(LOWEST_VENV)/bin/python --resolution lowest-direct --upgrade -r requirements.txt
+	$(LOWEST_VENV)/bin/python -m uv pip install --quiet --python $(LOWEST_VENV)/bin/python --no-deps -e .
+	TORCH_EXTENSIONS_DIR=$(abspath $(LOWEST_VENV))/torch_extensions $(LOWEST_VENV)/bin/python -m scripts.lowest_deps check
+
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -383,3 +383,19 @@ def test_an_offline_install_from_the_wheelhouse_keeps_the_containers_torch(tmp_p
     completed = subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert completed.stdout.strip().splitlines()[-1] == str(project / "training" / "taehv_train.py")
+
+
+def test_every_requirement_has_the_lower_bound_make_lowest_deps_installs():
+    """`make lowest-deps` installs each requirement at exactly its lower bound (scripts/lowest_deps.py checks
+    the installed versions against them): every line of requirements.txt has one, and the check reads
+    4.70.0 as 4.70 but not a later release (one the resolver had to take instead: the bound then says
+    too little)."""
+    from scripts.lowest_deps import MODULES, at_bound, lower_bounds
+
+    names = {canonicalize_name(req.name) for req, _ in requirements((ROOT / "requirements.txt").read_text().splitlines(), ROOT)}
+    bounds = lower_bounds()
+    assert {canonicalize_name(name) for name in bounds} == names and set(MODULES) >= set(bounds)
+    assert bounds["torch"] == "2.6"  # torch.nn.utils.get_total_norm
+    assert at_bound("4.70.0", "4.70") and at_bound("2.6.0+cu124", "2.6") and at_bound("4.10.0.84", "4.10.0.84")
+    assert not at_bound("3.8.4", "3.8") and not at_bound("4.8.0.76", "4.8") and not at_bound("2.13.0", "2.6")
+    assert "lowest-deps:" in (ROOT / "Makefile").read_text() and "make lowest-deps" in (ROOT / "docs/howto/container-offline.md").read_text()
