@@ -23,10 +23,10 @@ def test_every_profile_resolves_for_each_supported_process_count():
 def test_production_profiles_have_the_values_users_run():
     expected = {  # profile: (processes, ZeRO, batch/GPU, accumulation, global batch, LR, NCCL timeout)
         "1gpu_h100": (1, 0, 4, 32, 128, 1e-4, 1800),  # one process, no ZeRO (the profile says why)
-        "h100": (8, 2, 4, 4, 128, 1e-4, 3600),  # 8 clips per micro-step measure 84 GB (training/plan/memory.py)
-        "16gpu_h100": (16, 2, 4, 2, 128, 1e-4, 7200),
-        "64gpu_h100": (64, 2, 4, 1, 256, 2e-4, 14400),
-        "a800": (8, 2, 2, 8, 128, 1e-4, 3600),
+        "h100": (8, 0, 4, 4, 128, 1e-4, 3600),  # 8 clips per micro-step measure 84 GB (training/plan/memory.py)
+        "16gpu_h100": (16, 0, 4, 2, 128, 1e-4, 7200),
+        "64gpu_h100": (64, 0, 4, 1, 256, 2e-4, 14400),
+        "a800": (8, 0, 2, 8, 128, 1e-4, 3600),
     }
     for profile, values in expected.items():
         c = load_config(profile, check_paths=False)
