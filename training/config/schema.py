@@ -204,7 +204,7 @@ class TrainConfig:
     adam_beta1: float = option(0.9, "AdamW beta1")
     adam_beta2: float = option(0.95, "AdamW beta2")
     weight_decay: float = option(0.01, "AdamW weight decay", legacy="adam_weight_decay")
-    max_grad_norm: float = option(1.0, "gradient clipping norm (DeepSpeed gradient_clipping)", legacy="max_grad_norm")
+    max_grad_norm: float = option(1.0, "gradient clipping norm (DeepSpeed gradient_clipping); 0 = no clipping on every engine", legacy="max_grad_norm")
     # --- losses --------------------------------------------------------------------------------
     reconstruction_weight: float = option(10.0, "pixel loss of decode(encode(video)); 0 skips it",
                                           measured=("memory", "flops"), legacy="reconstruction_loss_weight")
