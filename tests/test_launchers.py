@@ -134,11 +134,14 @@ def test_bad_launches_fail_up_front(args, message, tmp_path):
     (3, "24 processes (profile written for 16): 128 clips per step do not divide into 4 x 24: gradient_accumulation_steps "
         "2 -> 1, global batch 96 clips"),
 ])
-def test_any_node_count_plans_with_the_global_batch_kept_or_said(machines, line, production_paths):
+def test_any_node_count_plans_with_the_global_batch_kept_or_said(machines, line, production_paths, tmp_path):
     """4 or 3 nodes of 8 H100s: the h100 profile plans (dry run exit 0), keeping its global batch by
-    accumulation where it divides and saying in one line what it chose where it does not."""
-    result = run([LAUNCHER, "8", "h100", "--dry-run", *production_paths],
-                 env_extra={"NUM_MACHINES": str(machines), "MACHINE_RANK": "0", "MASTER_ADDR": "127.0.0.1"})
+    accumulation where it divides and saying in one line what it chose where it does not. Without
+    --output-dir each node would name its own run folder: refused in one line."""
+    nodes = {"NUM_MACHINES": str(machines), "MACHINE_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+    unnamed = run([LAUNCHER, "8", "h100", "--dry-run", *production_paths], env_extra=nodes)
+    assert unnamed.returncode == 2 and "pass --output-dir on storage every machine sees" in unnamed.stderr
+    result = run([LAUNCHER, "8", "h100", "--dry-run", "--output-dir", str(tmp_path / "run"), *production_paths], env_extra=nodes)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert line in result.stderr
     resolved = resolved_from_dry_run(result.stdout)
@@ -625,9 +628,9 @@ def test_multinode_script_needs_platform_variables():
     assert result.returncode == 2 and "WORLD_SIZE is not set" in result.stderr
 
 
-def test_multinode_dry_run_picks_the_profile_from_total_gpus(production_paths):
+def test_multinode_dry_run_picks_the_profile_from_total_gpus(production_paths, tmp_path):
     env = {"WORLD_SIZE": "8", "RANK": "3", "MASTER_ADDR": "10.1.2.3", "GPUS_PER_NODE": "8"}
-    result = run([MULTINODE, "--dry-run", *production_paths], env)
+    result = run([MULTINODE, "--dry-run", "--output-dir", str(tmp_path / "run"), *production_paths], env)
     assert result.returncode == 0, result.stderr
     assert "configs/64gpu_h100.py" in result.stdout and "--machine_rank 3" in result.stdout
     assert "--num_machines 8" in result.stdout and "--main_process_ip 10.1.2.3" in result.stdout

@@ -236,3 +236,16 @@ def test_a_branch_continues_the_run_it_branches_changing_only_what_it_is_given(t
     (branch_dir / "checkpoints" / "checkpoint-6").mkdir(parents=True)
     again = resume(branch_dir)  # the branch's own continue command: its settings, no change
     assert again.changes == [] and (again.config.learning_rate, again.config.data_root) == (5e-5, "/data/other")
+
+
+def test_a_branch_takes_the_settings_its_checkpoint_was_trained_with(tmp_path):
+    """A run resumed at step 5 with a lower rate keeps the earlier settings as until-step-5: a branch
+    from checkpoint-5 continues those, one from a later checkpoint the changed ones."""
+    source = tmp_path / "a"
+    start(source, ["max_steps=40", "learning_rate=3e-4"])
+    record_run(resume(source, ["learning_rate=1e-4"]))  # at checkpoint-5: the rate lowered from here on
+    (source / "checkpoints" / "checkpoint-8").mkdir()
+    for step, rate in ((5, 3e-4), (8, 1e-4)):
+        branch = load_run("test", [], 1, output_dir=str(tmp_path / f"b{step}"), resume=str(source / "checkpoints" / f"checkpoint-{step}"),
+                          check_paths=False)
+        assert branch.config.learning_rate == rate and branch.changes == []

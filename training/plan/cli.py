@@ -112,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         run = load_run(args.profile, args.overrides, args.num_processes, args.output_dir, args.resume,
                        # the estimates need no input on disk: --memory and --bytes run on a bare machine, as the docs print them
                        check_paths=not (args.no_check_paths or args.list_input_problems or args.dry_run_report
-                                        or args.memory or args.bytes), notes=notes)
+                                        or args.memory or args.bytes), notes=notes,
+                       several_machines=bool(args.processes_per_node and args.num_processes
+                                             and args.num_processes > args.processes_per_node))
         if args.refuse_busy_run_folder:
             check_not_in_use(run.run_dir)
         config = run.config

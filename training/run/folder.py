@@ -75,11 +75,16 @@ def find_resume_checkpoint(resume: str, run_dir: Path) -> Path | None:
     return checkpoints[-1] if checkpoints else None
 
 
-def choose_run_dir(output_dir: str, config_output_dir: str, resume: str) -> Path:
+def choose_run_dir(output_dir: str, config_output_dir: str, resume: str, several_machines: bool = False) -> Path:
     """--output-dir; else the config's output_dir; else the run being resumed (output/latest for
-    latest/auto, a checkpoint's own run); else a new output/<timestamp>."""
+    latest/auto, a checkpoint's own run); else a new output/<timestamp>. Several machines need the
+    folder named: each would otherwise pick its own timestamp or its own output/latest."""
     if output_dir or config_output_dir:
         return Path(output_dir or config_output_dir)
+    if several_machines and resume in ("", "latest", "auto"):
+        raise ConfigError("several machines train into one run folder, which each would otherwise name for itself "
+                          "(its own output/<timestamp> or output/latest): pass --output-dir on storage every machine "
+                          "sees, the same on each (e.g. --output-dir /shared/runs/run1)")
     if resume in ("latest", "auto"):
         latest = Path("output/latest")
         if not latest.is_dir():
@@ -91,16 +96,26 @@ def choose_run_dir(output_dir: str, config_output_dir: str, resume: str) -> Path
     return Path(f"output/{datetime.now():%Y%m%d_%H%M%S}")
 
 
+def settings_at(run_dir: Path, checkpoint: Path) -> Path:
+    """The resolved config a run trained its checkpoint with: a resume that changed keys at step M
+    kept the one before as resolved_config.until-step-M.json, so a checkpoint of step N <= M was
+    written under the first such file with M >= N; a later one under resolved_config.json."""
+    step = int(checkpoint.name.rsplit("-", 1)[-1]) if re.fullmatch(r"checkpoint-\d+", checkpoint.name) else None
+    kept = sorted((int(m.group(1)), path) for path in run_dir.glob("resolved_config.until-step-*.json")
+                  if (m := re.fullmatch(r"resolved_config\.until-step-(\d+)\.json", path.name)))
+    return next((path for until, path in kept if step is not None and until >= step), run_dir / RESOLVED)
+
+
 def _same(a, b) -> bool:
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)  # tuples and lists alike
 
 
 def load_run(profile_or_path: str, overrides: list[str] | None = None, num_processes: int | None = None,
              output_dir: str = "", resume: str = "", check_paths: bool = True,
-             notes: list[str] | None = None) -> Run:
+             notes: list[str] | None = None, several_machines: bool = False) -> Run:
     """The config this launch trains with and where. Raises ConfigError with one line."""
     values, set_values, source = launch_values(profile_or_path, overrides)
-    run_dir = choose_run_dir(output_dir, str(values.get("output_dir", "")), resume)
+    run_dir = choose_run_dir(output_dir, str(values.get("output_dir", "")), resume, several_machines)
     resume_from = find_resume_checkpoint(resume, run_dir) if resume else None
     own_overrides = {key: value for key, value in set_values.items() if key != "output_dir"}
     launch = {"profile": profile_or_path, "source": source, "overrides": own_overrides}
@@ -108,7 +123,7 @@ def load_run(profile_or_path: str, overrides: list[str] | None = None, num_proce
     # folder) those of the run it branches, with any key the command line gives changed
     branch_of = resume_from.parent.parent if resume_from is not None and not (run_dir / RESOLVED).is_file() else None
     recorded_dir = branch_of or run_dir
-    recorded_path = recorded_dir / RESOLVED
+    recorded_path = settings_at(branch_of, resume_from) if branch_of is not None else run_dir / RESOLVED
     if resume_from is None or not recorded_path.is_file():  # a fresh run, or a checkpoint without its run's record
         config = build_config({**values, "output_dir": str(run_dir)}, num_processes, check_paths,
                               "max_steps" in set_values, notes, frozenset(set_values))
