@@ -26,12 +26,13 @@ def test_the_fake_tensor_peak_matches_the_same_step_on_real_tensors(overrides, b
     """The h100 step (bf16, channels_last, every loss term, Seraena's discriminator step) at a small
     shape: measured on fake tensors as the dry run does at full shape, and run for real, the peaks
     agree within 10% (fake tensors must allocate what the real kernels allocate, layouts included).
-    32x32, LPIPS's smallest: the step's own tensors are still more than two thirds of the peak, and the real
+    32x32, LPIPS's smallest: the step's own tensors are still more than half the peak, and the real
     bf16 step costs a third of 48x64's on a CPU (its bf16 convolutions take PyTorch's naive path here)."""
     config = load_config("h100", overrides, 8, check_paths=False)
     fake_weights, fake_peak = measure_step(config, fake=True, batch=batch, height=32, width=32)
     real_weights, real_peak = measure_step(config, fake=False, batch=batch, height=32, width=32)
-    assert real_peak - real_weights > 2 * real_weights  # the step's own tensors, not the weights, make the peak
+    # the step's own tensors make most of the peak (DDP's fp32 weights are the rest: no engine cast to bf16)
+    assert real_peak - real_weights > real_weights
     assert fake_weights == real_weights
     assert abs(fake_peak - real_peak) / real_peak < 0.10, (fake_peak, real_peak)
 

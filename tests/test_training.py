@@ -352,11 +352,14 @@ def test_distillation_runs_with_each_reference_family(name, tiny_vae_folders, cl
     discriminator = dict(re.findall(r"rank (\d+) of \d+: seraena fingerprint ([0-9a-f]{16})", output))
     assert len(student) == len(discriminator) == processes
     assert len(set(student.values())) == len(set(discriminator.values())) == 1  # identical on every rank
-    model = TAEHV.from_pretrained(run_dir / "final" / "taehv.pth")  # model_info.json tells the variant
+    # the export is named for its variant, as the public files are (upstream builds the architecture from it)
+    assert sorted(p.name for p in (run_dir / "final").iterdir()) == sorted(
+        [f"{student_variant}.pth", f"{student_variant}.safetensors", "model_info.json"])
+    model = TAEHV.from_pretrained(run_dir / "final" / f"{student_variant}.pth")
     assert model.variant == student_variant
     # the export is the EMA saved in the last checkpoint
-    ema = torch.load(run_dir / "checkpoints" / f"checkpoint-{steps}" / "ema_state.pt", weights_only=False)
-    exported = torch.load(run_dir / "final" / "taehv.pth", weights_only=True)
+    ema = torch.load(run_dir / "checkpoints" / f"checkpoint-{steps}" / "ema_state.pt", weights_only=True)
+    exported = torch.load(run_dir / "final" / f"{student_variant}.pth", weights_only=True)
     assert all(torch.equal(ema["shadow"][k].cpu(), v) for k, v in exported.items())
     info = json.loads((run_dir / "final" / "model_info.json").read_text())
     assert info["step"] == steps and info["metrics"]["psnr"] > 0
