@@ -38,7 +38,9 @@ from training.data.index import IndexFormatError
 from training.data.latent_cache import DTYPES, shard_path, write_shard
 
 SETTINGS = ("ref_vae_family", "ref_vae_path", "height", "width", "n_frames", "min_frame_delta", "max_frame_delta",
-            "horizontal_flip", "short_clip_policy", "seed", "data_root", "index_path", "validation_fraction")
+            "horizontal_flip", "short_clip_policy", "seed", "data_root", "index_path", "validation_fraction",
+            "validation_sources")
+OLD_DEFAULTS = {"ref_vae_latent_space": "raw", "validation_sources": ""}  # settings a cache written before them holds implicitly
 
 
 def parse_args(argv):
@@ -77,7 +79,7 @@ def check_same_settings(out: Path, meta: dict) -> None:
             raise CacheError(f"{out} holds a cache written with {key}={old[key]!r}, this command gives {meta[key]!r}: "
                              "use another --out folder or the same options")
     for key, value in meta["settings"].items():
-        if old["settings"].get(key, "raw" if key == "ref_vae_latent_space" else None) != value:
+        if old["settings"].get(key, OLD_DEFAULTS.get(key)) != value:
             raise CacheError(f"{out} holds a cache written with {key}={old['settings'].get(key)!r}, this config has "
                              f"{value!r}: use another --out folder or the same config")
 

@@ -69,8 +69,8 @@ def clip_paths(sources: list[str]) -> list[Path]:
 
 
 def held_out_clips(run: Path) -> list[Path]:
-    """The clips a training run held out (its resolved_config.json: data_root, index_path and
-    validation_fraction, split by the same stable rule as training/data/clips.py)."""
+    """The clips a training run held out (its resolved_config.json: data_root, index_path,
+    validation_fraction and validation_sources, split by the same rule as training/data/index.py)."""
     path = run / "resolved_config.json"
     if not path.is_file():
         raise FileNotFoundError(f"--held-out-of {run}: no resolved_config.json in it; give a run folder (output/latest)")
@@ -82,7 +82,7 @@ def held_out_clips(run: Path) -> list[Path]:
                                 "in, or pass --videos")
     if config.get("latent_cache"):
         raise ValueError(f"--held-out-of {run}: the run read a latent cache; pass its held-out clips with --videos")
-    _, validation = read_index(source, data_root).split(config["validation_fraction"])
+    _, validation = read_index(source, data_root).split(config["validation_fraction"], config.get("validation_sources", ""))
     return [validation.lasting_path(i) for i in range(len(validation))]  # from object storage: cached copies
 
 

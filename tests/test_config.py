@@ -171,6 +171,10 @@ def test_a_data_root_the_user_names_gets_no_sample_clips(tmp_path):
     assert load_config("test", [], check_paths=False).sample_data == "real"
     assert load_config("test", [f"data_root={tmp_path}"]).sample_data == ""
     assert load_config("test", [f"data_root={tmp_path}", "sample_data=synthetic"]).sample_data == "synthetic"
+    # the profile's held-out source names its own clips' source: another folder is split by path
+    assert load_config("test", [], check_paths=False).validation_sources == "carphone_pristine.mp4"
+    assert load_config("test", [f"data_root={tmp_path}"]).validation_sources == ""
+    assert load_config("test", [f"data_root={tmp_path}", "validation_sources=x.mp4"]).validation_sources == "x.mp4"
     with pytest.raises(ConfigError, match=r"data_root='.*/typo' is not a folder"):
         load_config("test", [f"data_root={tmp_path / 'typo'}"])
     custom = tmp_path / "mine.py"

@@ -228,6 +228,26 @@ def test_split_is_stable_when_files_are_added():
     assert names_before and names_before == {n for n in names_after if int(n[5:-4]) < 500}
 
 
+def test_split_by_source_videos_holds_out_every_segment_of_them(tmp_path):
+    """validation_sources: whole source videos held out, from the index's 'source' field or, for a
+    listed folder, from the index.jsonl beside its clips; a name no clip has is refused."""
+    paths = [f"{source}_{n}.mp4" for source in ("a", "b", "c") for n in range(4)]
+    index = ClipIndex("/data", paths, sources=[f"{p[0]}.mp4" for p in paths])
+    train, validation = index.split(0.5, "b.mp4, c.mp4")
+    assert [validation.relative(i) for i in range(len(validation))] == paths[4:]
+    assert [train.relative(i) for i in range(len(train))] == paths[:4]
+    assert [validation.source(i) for i in range(len(validation))] == ["b.mp4"] * 4 + ["c.mp4"] * 4
+    with pytest.raises(IndexFormatError, match=r"validation_sources: d.mp4 is not a source .*\(their sources: a.mp4, b.mp4, c.mp4\)"):
+        index.split(0.5, "d.mp4")
+    with pytest.raises(IndexFormatError, match="holds out every clip"):
+        index.split(0.5, "a.mp4,b.mp4,c.mp4")
+    (tmp_path / "index.jsonl").write_text("".join(json.dumps({"path": p, "source": f"{p[0]}.mp4"}) + "\n" for p in paths))
+    _, validation = ClipIndex(tmp_path, paths).split(0.5, "a.mp4")  # a listed folder: sources from its index.jsonl
+    assert [validation.relative(i) for i in range(len(validation))] == paths[:4]
+    with pytest.raises(IndexFormatError, match="none: the index has no 'source' field"):
+        ClipIndex("/nowhere", paths).split(0.5, "a.mp4")
+
+
 def test_preview_tool_json(tmp_path, sample_clips):
     completed = subprocess.run(
         [sys.executable, "-m", "training.data.preview", str(sample_clips), "--height", "32", "--width", "48",

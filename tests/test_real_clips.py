@@ -65,6 +65,28 @@ def test_held_out_segments_are_whole_files_and_stable(real_clips):
     assert {validation.relative(i) for i in range(len(validation))} == held_out
 
 
+@needs_source_clips
+def test_the_cpu_profile_holds_out_a_whole_source_video(real_clips, tmp_path):
+    """Validation measures footage never trained on (issue 61): every segment of the held-out source
+    is validation, none is trained on, and inference.py --held-out-of reads the same clips."""
+    from scripts.evaluation_inputs import held_out_clips
+
+    folder, paths = real_clips
+    config = load_config("cpu", [], 1, check_paths=False)
+    assert config.validation_sources == "carphone_pristine.mp4"
+    train, validation = read_index(folder).split(config.validation_fraction, config.validation_sources)
+    held_out = {validation.relative(i) for i in range(len(validation))}
+    trained = {train.relative(i) for i in range(len(train))}
+    assert held_out == {p.name for p in paths if p.name.startswith("carphone_pristine_")} and len(held_out) == 10
+    assert not any(name.startswith("carphone_pristine_") for name in trained) and len(trained) == 29
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "resolved_config.json").write_text(json.dumps({"data_root": str(folder), "index_path": "",
+                                                          "validation_fraction": config.validation_fraction,
+                                                          "validation_sources": config.validation_sources}))
+    assert {p.name for p in held_out_clips(run)} == held_out
+
+
 def test_scene_cuts_split_shots():
     video = np.zeros((10, 8, 8, 3), np.uint8)
     video[4:] = 200  # a cut before frame 4
@@ -84,6 +106,7 @@ def test_without_the_wheel_nothing_is_written_and_training_falls_back_to_synthet
     config = load_config("cpu", [], 1, check_paths=False)  # the profile's own sample folder
     choose_sample_data(config)
     assert (config.sample_data, config.data_root) == ("synthetic", "data/real_synthetic")
+    assert config.validation_sources == ""  # synthetic clips have no source video: split by path
     assert "training on synthetic clips in" in capsys.readouterr().out
     # a folder the user names is never swapped for another: their clips are read as they are
     config = load_config("cpu", [f"data_root={tmp_path / 'clips'}"], 1, check_paths=False)

@@ -90,9 +90,12 @@ def users_data_root(values: dict, layer: dict) -> dict:
     """A data_root chosen in a layer (a config file on a base profile, or --set) is the user's:
     the base profile's sample clips are never made into it, nor swapped for a folder of synthetic
     ones, unless that layer asks for sample_data itself. A misspelt folder is then an error, not a
-    new folder of demo clips."""
+    new folder of demo clips. The base's validation_sources name its own clips' sources: another
+    folder is split by path unless that layer names its sources too."""
     if "data_root" in layer and "sample_data" not in layer:
         values["sample_data"] = ""
+    if ("data_root" in layer or "index_path" in layer) and "validation_sources" not in layer:
+        values["validation_sources"] = ""
     return values
 
 

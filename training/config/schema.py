@@ -176,6 +176,10 @@ class TrainConfig:
     max_failed_fraction: float = option(0.05, "stop when more than this fraction of clip draws fail",
                                         resume_may_change=True)
     validation_fraction: float = option(0.01, "share of clips held out, by a stable hash of the path")
+    validation_sources: str = option("", "source videos held out whole, comma-separated names of the index's 'source' "
+                                     "field (scripts/make_real_clips.py and scripts/prepare_dataset.py write it): every "
+                                     "clip cut from them is validation and none is trained on, so validation measures "
+                                     "footage the model never saw; validation_fraction is then unused; '' = by path")
     num_workers: int = option(8, "data loader worker processes per rank",
                               resume_may_change=True, legacy="dataloader_num_workers")
     prefetch_factor: int = option(2, "batches each worker prepares ahead", resume_may_change=True)

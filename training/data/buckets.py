@@ -142,7 +142,7 @@ def bucket_lines(config) -> list[str]:
     index, why = planning_index(config)
     counts, train = None, None
     if index is not None:
-        train, _ = index.split(config.validation_fraction)
+        train, _ = index.split(config.validation_fraction, config.validation_sources)
         counts = np.bincount(assign_buckets(train, config.buckets, (config.height, config.width)), minlength=len(config.buckets))
     largest, group = largest_bucket(config.buckets), config.batch_size_per_gpu * config.num_processes
     lines = []

@@ -1,5 +1,5 @@
-"""The clip index: a folder, annotation JSON or JSONL/CSV index read into numpy arrays, split by a hash
-of each path into training and held-out clips."""
+"""The clip index: a folder, annotation JSON or JSONL/CSV index read into numpy arrays, split into
+training and held-out clips by a hash of each path, or by whole source videos (the index's "source")."""
 
 from __future__ import annotations
 
@@ -29,10 +29,12 @@ class DataFailureError(RuntimeError):
 class ClipIndex:
     """Relative paths (one UTF-8 blob + offsets) and per-clip metadata in numpy arrays.
     Unknown values are -1 (frames, width, height) or 0 (fps). The root is a folder or an
-    s3://bucket/prefix (`store`), whose clips are read through a local `cache` (training/base/storage.py)."""
+    s3://bucket/prefix (`store`), whose clips are read through a local `cache` (training/base/storage.py).
+    `sources`: the video each clip was cut from (an index's "source" field; "" unknown), kept as
+    codes into `source_names`, so that validation can hold out whole source videos."""
 
     def __init__(self, root, paths: list[str], frames=None, fps=None, width=None, height=None, rotation=None,
-                 cache: ClipCache | None = None, retry_s: float = 600.0):
+                 cache: ClipCache | None = None, retry_s: float = 600.0, sources=None):
         self.store = ObjectStore(str(root), retry_s) if is_remote(root) else None
         self.root = self.store.url if self.store else Path(root)
         self.cache = (cache or ClipCache()) if self.store else None
@@ -46,6 +48,14 @@ class ClipIndex:
         self.width = np.asarray(width if width is not None else [-1] * n, dtype=np.int32)
         self.height = np.asarray(height if height is not None else [-1] * n, dtype=np.int32)
         self.rotation = np.asarray(rotation if rotation is not None else [0] * n, dtype=np.int16)
+        sources = list(sources) if sources is not None else [""] * n
+        self.source_names = sorted(set(sources))
+        codes = {name: code for code, name in enumerate(self.source_names)}
+        self.source_codes = np.asarray([codes[name] for name in sources], dtype=np.int32)
+
+    def source(self, i: int) -> str:
+        """The source video clip i was cut from, "" when the index does not say."""
+        return self.source_names[self.source_codes[i]]
 
     def __len__(self) -> int:
         return len(self._offsets) - 1
@@ -91,18 +101,53 @@ class ClipIndex:
     def subset(self, indices) -> "ClipIndex":
         indices = list(indices)
         part = ClipIndex(self.root, [self.relative(i) for i in indices], self.frames[indices], self.fps[indices],
-                         self.width[indices], self.height[indices], self.rotation[indices])
+                         self.width[indices], self.height[indices], self.rotation[indices],
+                         sources=[self.source(i) for i in indices])
         part.store, part.cache = self.store, self.cache
         return part
 
-    def split(self, validation_fraction: float) -> tuple["ClipIndex", "ClipIndex"]:
-        """Stable split by a hash of the relative path: adding files never moves old ones across."""
+    def split(self, validation_fraction: float, validation_sources: str = "") -> tuple["ClipIndex", "ClipIndex"]:
+        """Stable split by a hash of the relative path: adding files never moves old ones across.
+        validation_sources (comma-separated source names, the index's "source" field): every clip cut
+        from them is held out and no other, so no frame of a held-out video is trained on (the
+        fraction is then unused); a name the index does not hold is an IndexFormatError."""
+        if validation_sources:
+            names = {name.strip() for name in validation_sources.split(",") if name.strip()}
+            source = self.source if any(self.source_names) else self._folder_sources()
+            known = {source(i) for i in range(len(self))}
+            unknown = sorted(names - known)
+            if unknown:
+                known_text = ", ".join(sorted(n for n in known if n)) or "none: the index has no 'source' field"
+                raise IndexFormatError(f"validation_sources: {', '.join(unknown)} is not a source of the clips in "
+                                       f"{self.root} (their sources: {known_text})")
+            held_out = [source(i) in names for i in range(len(self))]
+            train = [i for i, h in enumerate(held_out) if not h]
+            if not train:
+                raise IndexFormatError(f"validation_sources={validation_sources} holds out every clip: leave one source "
+                                       "to train on")
+            return self.subset(train), self.subset([i for i, h in enumerate(held_out) if h])
         held_out = [is_validation(self.relative(i), validation_fraction) for i in range(len(self))]
         train = [i for i, h in enumerate(held_out) if not h]
         validation = [i for i, h in enumerate(held_out) if h]
         if not validation and len(train) > 1 and validation_fraction > 0:
             validation = [train.pop()]  # tiny folders: keep one held-out clip
         return self.subset(train), self.subset(validation)
+
+
+    def _folder_sources(self):
+        """A listed folder's sources from the index.jsonl beside its clips (scripts/make_real_clips.py
+        writes one), as a function of the clip number; "" for a clip it does not name."""
+        by_path = {}
+        listing = None if self.store else Path(self.root) / "index.jsonl"
+        if listing is not None and listing.is_file():
+            for line in listing.read_text().splitlines():
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(record, dict) and record.get("path") and record.get("source"):
+                    by_path[str(record["path"])] = str(record["source"])
+        return lambda i: by_path.get(self.relative(i), "")
 
 
 def is_validation(relative_path: str, fraction: float) -> bool:
@@ -144,7 +189,7 @@ def _records_to_index(root, records: list[dict], source, cache: ClipCache | None
             [number(r, "width", -1, int) for r in records],
             [number(r, "height", -1, int) for r in records],
             [number(r, "rotation", 0, int) for r in records],
-            cache=cache, retry_s=retry_s,
+            cache=cache, retry_s=retry_s, sources=[str(r.get("source") or "") for r in records],
         )
     except KeyError:
         raise IndexFormatError(f"{source}: every entry needs a 'path'") from None

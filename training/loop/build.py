@@ -245,6 +245,7 @@ def choose_sample_data(config: TrainConfig) -> None:
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"sample data: {error}; training on synthetic clips in {fallback} instead", flush=True)
         config.sample_data, config.data_root = "synthetic", fallback
+        config.validation_sources = ""  # the real clips' sources: synthetic clips are split by path
 
 
 def run_index(config: TrainConfig, run_dir: Path | None):
@@ -306,7 +307,7 @@ def build_datasets(config: TrainConfig, run_dir: Path | None = None):
         from training.data.clips import DataFailureError
 
         raise DataFailureError(too_few_clips(config.data_root, len(index)))
-    train_index, validation_index = index.split(config.validation_fraction)
+    train_index, validation_index = index.split(config.validation_fraction, config.validation_sources)
     spec = ClipSpec(config.n_frames, config.height, config.width, config.min_frame_delta, config.max_frame_delta,
                     config.horizontal_flip, loop_short_clips=config.short_clip_policy == "loop",
                     decode_threads=config.decode_threads, crop_min_side=config.crop_min_side, buckets=config.buckets)

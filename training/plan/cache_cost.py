@@ -46,7 +46,7 @@ def cached_clips(config) -> tuple[int, int, str] | None:
         return None
     try:
         index = read_index(source, config.data_root if config.index_path else None)
-        train, _ = index.split(config.validation_fraction)
+        train, _ = index.split(config.validation_fraction, config.validation_sources)
     except (IndexFormatError, OSError):
         return None
     return 1, len(train), f"{source}, --epochs 1"
