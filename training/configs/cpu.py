@@ -27,7 +27,8 @@ overrides = dict(
     data_root="data/real",
     sample_data="real",
     # a whole source video held out (issue 61): its 10 segments are never trained on, so validation
-    # measures footage the model never saw, as a user's clips are; the 29 of the other two train
+    # measures footage the model never saw, as a user's clips are; the 29 of the other two and the
+    # 28 photograph clips train
     validation_sources="carphone_pristine.mp4",
     validation_fraction=0.15,  # the synthetic fallback, whose clips have no source, by path
     max_frame_delta=1,
