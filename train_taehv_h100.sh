@@ -79,6 +79,9 @@ MACHINE_RANK="${MACHINE_RANK:-0}"
 MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
 MASTER_PORT="${MASTER_PORT:-29500}"
 TOTAL_PROCESSES=$((NGPU * NUM_MACHINES))
+# what a printed continue line starts with, so that it runs as printed on this machine (each machine prints its own)
+NODE_VARIABLES=""
+(( NUM_MACHINES > 1 )) && NODE_VARIABLES="NUM_MACHINES=$NUM_MACHINES MACHINE_RANK=$MACHINE_RANK MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT "
 if [[ -z "${PYTHON:-}" ]]; then
   if [[ -x "$REPO_ROOT/.venv/bin/python" ]]; then PYTHON="$REPO_ROOT/.venv/bin/python"; else PYTHON=python3; fi
 fi
@@ -156,9 +159,7 @@ run_stages() {
     if [[ ! -f "$stage_dir/FINISHED" && -f "$stage_dir/STOPPED_CLEANLY" ]]; then  # stopped by a signal: exit 143 too
       local again=("$0" "$NGPU" "$PROFILE" ${CONFIG_PATH:+"$CONFIG_PATH"} "${USER_OPTIONS[@]+"${USER_OPTIONS[@]}"}")
       [[ " ${USER_OPTIONS[*]+"${USER_OPTIONS[*]}"} " == *" --output-dir "* ]] || again+=(--output-dir "$OUTPUT_DIR")
-      local node_variables=""
-      (( NUM_MACHINES > 1 )) && node_variables=" NUM_MACHINES=$NUM_MACHINES MACHINE_RANK=$MACHINE_RANK MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
-      echo "stopped in stage $k ($name); continue the staged run with:$node_variables$(printf ' %q' "${again[@]}")"
+      echo "stopped in stage $k ($name); continue the staged run with:${NODE_VARIABLES:+ ${NODE_VARIABLES% }}$(printf ' %q' "${again[@]}")"
       return 143
     fi
     (( status == 0 )) || return "$status"
@@ -300,9 +301,6 @@ while :; do
   wait "$CHILD" || STATUS=$?
   (( SIGNALLED && STATUS > 128 )) || break
 done
-# the continue line, as printed, runs this machine's part of the job again (the others run theirs)
-NODE_VARIABLES=""
-(( NUM_MACHINES > 1 )) && NODE_VARIABLES="NUM_MACHINES=$NUM_MACHINES MACHINE_RANK=$MACHINE_RANK MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT "
 RESUME_COMMAND="$NODE_VARIABLES$0 $NGPU $PROFILE${CONFIG_PATH:+ $CONFIG_PATH} --output-dir $OUTPUT_DIR --resume latest"
 # A stop by a signal exits 143 (128 + SIGTERM) after its checkpoint, never 0: a job scheduler reads 0 as
 # done and would never restart a preempted run (docs/howto/train-multinode.md).

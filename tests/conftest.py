@@ -201,3 +201,21 @@ def s3_server(tmp_path_factory):
     server.start()
     yield server
     server.stop()
+
+
+def to_positional_layout(folder: Path) -> None:
+    """A checkpoint as runs wrote them before named state files: accelerate's positional
+    custom_checkpoint_<i>.pkl, and rank 0's replay buffer and random state inside Seraena's (used by
+    test_launchers and test_old_checkpoints)."""
+    import torch
+
+    present = [name for name in ("scheduler", "progress", "ema", "seraena") if (folder / f"{name}_state.pt").is_file()]
+    assert present[:2] == ["scheduler", "progress"], present
+    for index, name in enumerate(present):
+        state = torch.load(folder / f"{name}_state.pt", weights_only=True)
+        if name == "seraena":
+            state["training"].update(torch.load(folder / "seraena_rank0.pt", weights_only=True))
+        torch.save(state, folder / f"custom_checkpoint_{index}.pkl")
+        (folder / f"{name}_state.pt").unlink()
+    for rank_file in folder.glob("seraena_rank*.pt"):
+        rank_file.unlink()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO_ROOT, free_port, needs_compiler
+from conftest import REPO_ROOT, free_port, needs_compiler, to_positional_layout
 
 from models.metrics import save_random_lpips_weights
 from models.taehv import TAEHV
@@ -339,21 +339,6 @@ def test_sigkill_of_the_launchers_process_group_leaves_nothing_behind_and_the_ru
     assert f"resume changes max_steps: 500 -> {step + 1}" in resumed.stdout
 
 
-def to_legacy_layout(folder: Path) -> None:
-    """A checkpoint as runs wrote them before named state files: accelerate's positional
-    custom_checkpoint_<i>.pkl, and rank 0's replay buffer and random state inside Seraena's."""
-    present = [name for name in ("scheduler", "progress", "ema", "seraena") if (folder / f"{name}_state.pt").is_file()]
-    assert present[:2] == ["scheduler", "progress"], present
-    for index, name in enumerate(present):
-        state = torch.load(folder / f"{name}_state.pt", weights_only=False)
-        if name == "seraena":
-            state["training"].update(torch.load(folder / "seraena_rank0.pt", weights_only=False))
-        torch.save(state, folder / f"custom_checkpoint_{index}.pkl")
-        (folder / f"{name}_state.pt").unlink()
-    for rank_file in folder.glob("seraena_rank*.pt"):
-        rank_file.unlink()
-
-
 def fingerprints(output: str) -> dict:
     return dict(re.findall(r"rank (\d+) of 2: final weights fingerprint ([0-9a-f]{16})", output))
 
@@ -490,7 +475,7 @@ def test_production_and_ddp_files_train_with_two_cpu_processes(accelerate_file, 
     assert written == pytest.approx(planned, rel=0.05), (written, planned)
     assert not any((checkpoint / name).exists() for name in ("model.safetensors", "optimizer.bin", "pytorch_model"))
     # every engine resumes past every start, here from a checkpoint of the older layout
-    to_legacy_layout(checkpoint)
+    to_positional_layout(checkpoint)
     (tmp_path / "probe_resumed").mkdir()
     resumed = run([*common, *(arg for item in recipe for arg in ("--set", item)), "--max-steps", "6",
                    *(["--resume", "auto", "--profile"] if fp32_ddp else ["--resume", "latest"])],

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO_ROOT, free_port, needs_compiler
+from conftest import REPO_ROOT, free_port, needs_compiler, to_positional_layout
 
 from training.config.load import load_config
 from training.plan.memory import checkpoint_cost
@@ -70,19 +70,6 @@ def old_runs(old_code, clips, tmp_path_factory) -> dict:
         assert result.returncode == 0, result.stderr[-3000:]
         runs[name] = run_dir
     return runs
-
-
-def to_positional_layout(folder: Path) -> None:
-    """The oldest layout, from the files that code wrote: accelerate's custom_checkpoint_<i>.pkl in
-    registration order, rank 0's replay buffer and random state inside Seraena's, no rank files."""
-    for index, name in enumerate(("scheduler", "progress", "ema", "seraena")):
-        state = torch.load(folder / f"{name}_state.pt", weights_only=True)
-        if name == "seraena":
-            state["training"].update(torch.load(folder / "seraena_rank0.pt", weights_only=True))
-        torch.save(state, folder / f"custom_checkpoint_{index}.pkl")
-        (folder / f"{name}_state.pt").unlink()
-    for rank_file in folder.glob("seraena_rank*.pt"):
-        rank_file.unlink()
 
 
 def assert_resumed(result, checkpoint: Path, elastic: str = "") -> None:

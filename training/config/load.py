@@ -16,7 +16,7 @@ from typing import Any
 
 from training.base.files import write_json
 from training.config.recipes import recipe_values
-from training.config.rules import SIZE_LISTS, _names_a_class, validate
+from training.config.rules import SIZE_LISTS, _names_a_class, fits_by_accumulation, validate
 from training.config.schema import (
     CAPPED_TO_MAX_STEPS,
     DERIVED_KEYS,
@@ -260,13 +260,14 @@ def fit_process_count(c: TrainConfig, given: frozenset = frozenset()) -> str:
     (24, 32, 128 GPUs): the accumulation that keeps its global batch where that divides, else the
     nearest, said in the line returned ('' when nothing changed). One process is another profile
     (the rules name it). Keys the command line set stay as given."""
-    written = c.supported_num_gpus
-    if not written or c.num_processes in written or c.num_processes == 1 or 1 in written:
+    if not fits_by_accumulation(c):
         return ""
+    written = c.supported_num_gpus
     head = f"{c.num_processes} processes (profile written for {' or '.join(map(str, written))})"
     per_step = c.batch_size_per_gpu * c.num_processes
     if "gradient_accumulation_steps" in given or "global_batch_size" in given:
-        c.global_batch_size = per_step * c.gradient_accumulation_steps if "global_batch_size" not in given else c.global_batch_size
+        if "global_batch_size" not in given:
+            c.global_batch_size = per_step * c.gradient_accumulation_steps
         return ""
     target = c.global_batch_size or c.batch_size_per_gpu * written[0] * c.gradient_accumulation_steps
     before = c.gradient_accumulation_steps

@@ -214,8 +214,7 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
             f"use_ref_vae=False (autoencoder mode) has no reference latents: set {' and '.join(f'{k}=0' for k in reference_keys)} "
             f"(got {' and '.join(str(getattr(c, key)) for key in reference_keys)})"
         )
-    multi_process_fit = c.num_processes > 1 and 1 not in c.supported_num_gpus  # fitted by accumulation (load.py)
-    if c.supported_num_gpus and c.num_processes not in c.supported_num_gpus and not multi_process_fit:
+    if c.supported_num_gpus and c.num_processes not in c.supported_num_gpus and not fits_by_accumulation(c):
         if c.accelerate_config.endswith("_cpu.yaml"):
             fits = f"NGPU {' or '.join(map(str, c.supported_num_gpus))} (CPU processes)"
         elif c.num_processes == 1:
@@ -240,6 +239,13 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
         raise ConfigError(f"accelerate_config={c.accelerate_config!r}: no such file in {ACCELERATE_CONFIG_DIR}")
     if check_paths:
         check_required_paths(c)
+
+
+def fits_by_accumulation(c: TrainConfig) -> bool:
+    """A profile written for several processes, on another count of several: it trains there, its
+    global batch kept by accumulation (load.py fit_process_count); one process is another profile."""
+    written = c.supported_num_gpus
+    return bool(written) and c.num_processes not in written and c.num_processes > 1 and 1 not in written
 
 
 def check_schedules(c: TrainConfig) -> None:
