@@ -227,6 +227,9 @@ class TrainConfig:
                                   "against the input's, on top of reconstruction: under an RGB loss colour is learned "
                                   "last (chroma is a small share of the error); 0 skips it",
                                   measured=("memory", "flops"))
+    chroma_pool: int = option(1, "the chroma term compares the mean colour of each chroma_pool x chroma_pool cell "
+                              "(decoded and input average-pooled alike), not each pixel's: 8 = the latent's cell, the "
+                              "colour an 8x8 block average keeps; the RGB terms still see every pixel; 1 = per pixel")
     # a term's schedule: (start_step, ramp_steps) in optimizer steps counted from the run's first stage; its
     # weight is 0 before start_step and rises linearly to the full weight over ramp_steps (docs/training.md#loss-schedules)
     encoder_schedule: tuple = option((), "(start_step, ramp_steps) of encoder_weight; () = full weight from step 0")

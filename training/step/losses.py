@@ -144,8 +144,17 @@ def _pixels(config, decoded, video, reference_latents, lpips):
 
 
 def _chroma(config, decoded, video, reference_latents, lpips):
-    decoded = decoded.float()
-    return pixel_loss(config.pixel_loss, ycbcr(decoded)[:, :, 1:], ycbcr(aligned(video, decoded))[:, :, 1:])
+    decoded, target = decoded.float(), aligned(video, decoded)
+    if config.chroma_pool != 1:  # each cell's mean colour (chroma is linear in RGB: pooling first is the same)
+        if config.chroma_pool < 1:
+            raise ValueError(f"chroma_pool={config.chroma_pool} must be 1 (per pixel) or a cell side, e.g. 8")
+        decoded, target = pool_frames(decoded, config.chroma_pool), pool_frames(target, config.chroma_pool)
+    return pixel_loss(config.pixel_loss, ycbcr(decoded)[:, :, 1:], ycbcr(target)[:, :, 1:])
+
+
+def pool_frames(video: torch.Tensor, factor: int) -> torch.Tensor:
+    """N,T,C,H,W average-pooled factor x factor in each frame (a remainder row or column is dropped)."""
+    return F.avg_pool2d(video.flatten(0, 1), factor).unflatten(0, video.shape[:2])
 
 
 def _perceptual(config, decoded, video, reference_latents, lpips):
@@ -181,7 +190,7 @@ def at_step_scale(config, video: torch.Tensor, step: int) -> torch.Tensor:
 
 
 def halve(video: torch.Tensor) -> torch.Tensor:
-    return F.avg_pool2d(video.flatten(0, 1), 2).unflatten(0, video.shape[:2])
+    return pool_frames(video, 2)
 
 
 def forward_losses(config, student, video: torch.Tensor, reference_latents: torch.Tensor | None,
