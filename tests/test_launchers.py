@@ -380,7 +380,7 @@ def probe_reports(folder: Path, stderr: str) -> list[dict]:
 def test_production_and_ddp_files_train_with_two_cpu_processes(accelerate_file, zero, schedule, tmp_path, synthetic_clips):
     """The real ZeRO stage and precision (bf16) of each production file, plain DDP in fp32 and in
     bf16 autocast, under accelerate launch, with ranks that disagree: rank 1 alone runs out of
-    memory (micro-step 2), gets an infinite gradient from a finite loss (micro-step 3) and a NaN
+    memory (micro-step 2; under DDP also 1, inside an accumulation window), gets an infinite gradient from a finite loss (micro-step 3) and a NaN
     loss (micro-step 4) and fails to write the checkpoint of
     step 2 (its own file, after the save's gathers, under ZeRO), with every loss term on and a
     recipe's schedule crossed (above), inside the step probe (tests/step_probe.py).
@@ -412,7 +412,8 @@ def test_production_and_ddp_files_train_with_two_cpu_processes(accelerate_file, 
     checkpoint_fault = "TAEHV_FAULT_CHECKPOINT_FAIL_STEPS" if zero == 0 else "TAEHV_FAULT_STATE_SAVE_FAIL_STEPS"
     # micro-step 3: a finite loss whose backward overflows on rank 1 alone (DeepSpeed's overflow check under
     # ZeRO, the fused AdamW's found_inf under DDP: the update is skipped on both ranks, the weights stay finite)
-    faults = {"TAEHV_FAULT_RANK": "1", "TAEHV_FAULT_OOM_MICRO_STEPS": "2", "TAEHV_FAULT_NONFINITE_MICRO_STEPS": "4",
+    # under DDP micro-step 1 is inside an accumulation window, 2 ends it: one out of memory of each
+    faults = {"TAEHV_FAULT_RANK": "1", "TAEHV_FAULT_OOM_MICRO_STEPS": "2" if zero else "1,2", "TAEHV_FAULT_NONFINITE_MICRO_STEPS": "4",
               "TAEHV_FAULT_NONFINITE_GRADIENT_MICRO_STEPS": "3",
               checkpoint_fault: "2", "PYTHONPATH": str(REPO_ROOT / "tests" / "probe_site"),
               "TAEHV_STEP_PROBE": str(tmp_path / "probe_first")}
@@ -459,6 +460,10 @@ def test_production_and_ddp_files_train_with_two_cpu_processes(accelerate_file, 
     oom_step, nonfinite_step = (2, 3) if accumulation == 1 else (1, 2)  # the step micro-steps 2 and 4 belong to
     assert f"out of memory {where} at micro-step 2 (step {oom_step}): skipped on all ranks" in first.stdout
     assert f"non-finite loss {where} at micro-step 4 (step {nonfinite_step}): skipped on all ranks" in first.stdout
+    if accumulation == 2:  # inside a window a failed forward costs its rank's micro-step alone, a non-finite
+        # loss (already in that rank's gradients) the window so far on every rank, both agreed at the window's end
+        assert f"out of memory {where} at micro-step 1 (step 1): left out of the accumulation window by that rank alone" in first.stdout
+        assert f"non-finite loss {where} at micro-step 4 (step 2): skipped on all ranks, with its accumulation window so far" in first.stdout
     assert f"checkpoint at step 2 FAILED {where}" in first.stdout and "Step 4/4" in first.stdout
     prints = fingerprints(first.stdout + first.stderr)
     assert len(prints) == 2 and prints["0"] == prints["1"], prints  # both ranks hold the same weights

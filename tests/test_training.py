@@ -377,13 +377,15 @@ def test_distillation_runs_with_each_reference_family(name, tiny_vae_folders, cl
 
 @pytest.fixture(scope="module")
 def probe_report(clips, tmp_path_factory) -> dict:
-    """training/taehv_train.py's main as one rank under tests/training_probe.py, 3 steps with Seraena
-    on: its report of global seedings and of device reads per micro-step (one run serves both tests)."""
+    """training/taehv_train.py's main as one rank under tests/training_probe.py, 3 steps of 2
+    micro-steps with Seraena on: its report of global seedings and of device reads per micro-step
+    (one run serves both tests)."""
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     result = subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "training_probe.py"), "--config", "test",
                              "--output-dir", str(tmp_path_factory.mktemp("probe") / "run"), "--max-steps", "3", "--set", f"data_root={clips}",
-                             "--set", "seraena_weight=0.1", "--set", "batch_size_per_gpu=2"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+                             "--set", "seraena_weight=0.1", "--set", "batch_size_per_gpu=2", "--set", "gradient_accumulation_steps=2",
+                             "--set", "global_batch_size=0"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     report = json.loads(result.stdout.rpartition("PROBE ")[2] or "{}")
     assert report.get("exit_code") == 0, result.stderr[-3000:]
     return report
@@ -398,14 +400,17 @@ def test_nothing_reseeds_a_global_generator_after_the_per_rank_seeding(probe_rep
     assert probe_report["seeding"]["calls"] == []
 
 
-def test_a_micro_step_reads_the_device_once(probe_report):
+def test_an_optimizer_step_reads_the_device_once(probe_report):
     """Each read of a tensor's value on the host (.item(), .cpu(), bool(), float(), ...) stalls a
-    GPU step until every queued kernel ran: a micro-step reads only the agreement's table (its
-    non-finite checks are device flags folded into it; losses and norms are read at log intervals).
-    Counted in a whole run (tests/training_probe.py)."""
+    GPU step until every queued kernel ran: an optimizer step reads only the agreement's table at
+    its window's end (its non-finite checks are device flags folded into it; losses and norms are
+    read at log intervals); the micro-steps inside the window read nothing, their flags wait for
+    that table. Counted in a whole run (tests/training_probe.py)."""
     steps = probe_report["reads"]
-    assert len(steps) == 3
-    assert all(reads == ["Tensor.tolist at agreement.py:" + reads[0].rpartition(":")[2]] for reads in steps), steps
+    assert len(steps) == 6
+    inside, ends = steps[0::2], steps[1::2]
+    assert inside == [[], [], []], steps
+    assert all(len(reads) == 1 and reads[0].startswith("Tensor.tolist at agreement.py:") for reads in ends), steps
 
 
 def test_missing_reference_vae_is_an_error_not_a_silent_fallback(clips, tmp_path):

@@ -26,14 +26,16 @@ class StoppedInsideACollective(TrainingStopped):
     """A stop that left this rank's collectives (DDP's reducer, DeepSpeed's buckets) half-way."""
 
 
-def note_bad_step(run: TrainingRun, reason: str, where: str) -> None:
-    """Count a skipped step by reason; too many in a row: checkpoint and stop with advice."""
+def note_bad_step(run: TrainingRun, reason: str, where: str, micro_step: int = 0,
+                  outcome: str = "skipped on all ranks") -> None:
+    """Count a skipped step by reason (micro_step: an earlier one of the accumulation window, agreed
+    at its end); too many in a row: checkpoint and stop with advice."""
     run.skipped_steps[reason] += 1
     run.consecutive_bad_steps += 1
     skip = SKIPS[reason]
     run.accelerator.log({f"train/skipped_{reason}_steps": run.skipped_steps[reason]}, step=run.progress.step)
-    run.log.line(f"{skip.what} {where} at micro-step {run.progress.micro_step} (step {run.progress.step + 1}): skipped on "
-                 f"all ranks ({run.skipped_steps[reason]} so far, {run.consecutive_bad_steps} in a row)")
+    run.log.line(f"{skip.what} {where} at micro-step {micro_step or run.progress.micro_step} (step {run.progress.step + 1}): "
+                 f"{outcome} ({run.skipped_steps[reason]} so far, {run.consecutive_bad_steps} in a row)")
     if run.last_reference_error:
         print(f"rank {run.accelerator.process_index}: {run.last_reference_error}", file=sys.stderr, flush=True)
         run.last_reference_error = ""

@@ -31,3 +31,7 @@ STEP_SKIPS = (
                f"Lower learning_rate, {CHECK_DATA} or resume from an earlier checkpoint"),
 )
 SKIPS = {reason.name: reason for reason in STEP_SKIPS}
+# inside a DDP accumulation window these reach the rank's gradients before anyone knows (the loss
+# goes backward unread): the window's end drops its gradients so far on every rank
+# (training/loop/step.py report_window); a failed forward has no backward and spoils nothing
+WINDOW_POISONING = ("reference", "nonfinite")

@@ -73,6 +73,9 @@ class TrainingRun:
     storage_down: str = ""  # this rank's loader gave up on object storage (training/base/storage.py)
     shared_memory_full: str = ""  # this rank's data worker ran out of /dev/shm (training/data/shared_memory.py)
     backward_oom_at: int = 0  # micro-step of an out-of-memory backward on this rank
+    # the flags of this accumulation window's micro-steps that ran no collective (DDP's no_sync ones),
+    # agreed at the window's end (training/loop/step.py WindowFault)
+    window_faults: list = field(default_factory=list)
     last_reference_error: str = ""
     skipped_steps: dict = field(default_factory=lambda: {reason.name: 0 for reason in STEP_SKIPS})
     consecutive_bad_steps: int = 0

@@ -1,6 +1,8 @@
 """One micro-step, in three phases: compute locally, agree, apply (train_step reads as their table
 of contents). No collective runs in the first phase; the second is the step's one small all-reduce
-(training/base/agreement.py); the third runs the step's collectives only when every rank is fine."""
+(training/base/agreement.py); the third runs the step's collectives only when every rank is fine.
+Inside a DDP accumulation window a micro-step runs no collective at all: its flags wait for the
+window's end, so an optimizer step reads the device once whatever its accumulation."""
 
 from __future__ import annotations
 
@@ -14,10 +16,10 @@ from training.base.agreement import agree
 from training.base.failures import is_memory_error
 from training.base.unwrap import unwrap
 from training.data.clips import DataFailureError
-from training.loop.recovery import TrainingStopped, drop_gradients, step_out_of_memory
+from training.loop.recovery import TrainingStopped, drop_gradients, note_bad_step, step_out_of_memory
 from training.loop.state import TrainingRun
 from training.run.checkpoint_files import complete_checkpoints
-from training.loop.skips import STEP_SKIPS
+from training.loop.skips import STEP_SKIPS, WINDOW_POISONING
 from training.config.terms import discriminator_updates
 from training.step.losses import (
     StepLosses,
@@ -45,6 +47,16 @@ class LocalResult:
 
 
 @dataclass
+class WindowFault:
+    """A micro-step inside a DDP accumulation window as its rank left it: its flags (those of
+    STEP_SKIPS, device tensors unread) wait for the window's end, whose agreement reads them."""
+
+    micro_step: int
+    flags: dict
+    logged: dict | None = None  # its logged terms; emptied when its window's gradients are dropped
+
+
+@dataclass
 class Window:
     """Where the micro-step sits in its accumulation window."""
 
@@ -61,6 +73,8 @@ def train_step(run: TrainingRun, batch) -> tuple[dict | None, str, str]:
     terms, "", "") or (None, reason, "on rank R")."""
     window = accumulation_window(run)
     local = compute_locally(run, batch, window)
+    if window.ddp_accumulates:  # no collective in this micro-step: no rank waits on another's decision
+        return inside_window(run, local, window)
     skip = agree_on(run, local)
     if skip is not None:
         return None, *skip
@@ -129,17 +143,42 @@ def warm_other_scales(run: TrainingRun, video: torch.Tensor) -> None:
                      f"ran once on a twin of the student (cuDNN tunes them now, not mid-run)")
 
 
-def agree_on(run: TrainingRun, local: LocalResult) -> tuple[str, str] | None:
-    """Every rank's flags in one all-reduce. Stops the run together (lost storage, a full /dev/shm,
-    broken data) by raising; returns (reason, where) when every rank skips; None to apply."""
-    accelerator, config = run.accelerator, run.config
+def step_flags(local: LocalResult) -> dict:
+    """The micro-step's flags of STEP_SKIPS by name (device flags stay on the device)."""
     losses = local.losses
-    agreed = agree(accelerator, worker=local.lost_batch, oom=local.out_of_memory,
-                   nonfinite=losses.nonfinite() if losses is not None else False, reference=local.reference_failed,
+    return {"worker": local.lost_batch, "oom": local.out_of_memory, "reference": local.reference_failed,
+            "nonfinite": losses.nonfinite() if losses is not None else False}
+
+
+def inside_window(run: TrainingRun, local: LocalResult, window: Window) -> tuple[dict | None, str, str]:
+    """A micro-step inside a DDP accumulation window (its backward under no_sync, Seraena's
+    discriminator still): its flags join the window's, agreed at the window's end (agree_on), so
+    these micro-steps read nothing from the device. A rank whose forward failed (out of memory, a
+    lost batch) leaves the micro-step out of its own gradients; a non-finite loss or reference has
+    reached that rank's gradients by the end, so every rank then drops the window so far."""
+    fault = WindowFault(run.progress.micro_step, step_flags(local))
+    run.window_faults.append(fault)
+    if local.losses is None:
+        with run.accelerator.accumulate(run.model):  # accelerate's window counter moves alike on every rank
+            pass
+        return None, "", ""
+    logged, reason, where = apply(run, local, window)
+    fault.logged = logged
+    return logged, reason, where
+
+
+def agree_on(run: TrainingRun, local: LocalResult) -> tuple[str, str] | None:
+    """Every rank's flags in one all-reduce, with those of the accumulation window's earlier
+    micro-steps (inside_window). Stops the run together (lost storage, a full /dev/shm, broken data)
+    by raising; returns (reason, where) when every rank skips; None to apply."""
+    accelerator, config = run.accelerator, run.config
+    earlier, run.window_faults = run.window_faults, []
+    flags = {f"{name}@{fault.micro_step}": value for fault in earlier for name, value in fault.flags.items()}
+    agreed = agree(accelerator, **step_flags(local), **flags,
                    data=bool(run.failures.problem()), stop=run.stop.requested, backward_oom=bool(run.backward_oom_at),
                    storage=bool(run.storage_down), shm=bool(run.shared_memory_full))
     run.stop.agreed = agreed.any("stop")
-    if accelerator.process_index in agreed.get("reference", []):
+    if any(accelerator.process_index in ranks for name, ranks in agreed.items() if name.partition("@")[0] == "reference"):
         run.last_reference_error = (run.reference_vae.nonfinite_message() if run.reference_vae is not None else
                                     f"non-finite latents in latent_cache={config.latent_cache}: rebuild it with scripts/cache_latents.py")
     if agreed.any("storage"):  # the store is down past storage_retry_s: waiting longer is the user's call
@@ -153,6 +192,8 @@ def agree_on(run: TrainingRun, local: LocalResult) -> tuple[str, str] | None:
             print(f"rank {accelerator.process_index}: {run.failures.problem()}", file=sys.stderr, flush=True)
         raise DataFailureError(f"too many clip draws failed {agreed.where('data')} (max_failed_fraction="
                                f"{config.max_failed_fraction}); that rank's error output names the files and reasons")
+    if earlier:
+        report_window(run, agreed, earlier)
     if agreed.any("backward_oom"):  # a rank's backward ran out of memory in the last micro-steps:
         drop_gradients(run)  # every rank drops the accumulation window so far
         run.backward_oom_at = 0
@@ -161,6 +202,28 @@ def agree_on(run: TrainingRun, local: LocalResult) -> tuple[str, str] | None:
         if agreed.any(reason.name):
             return reason.name, agreed.where(reason.name)
     return None
+
+
+def report_window(run: TrainingRun, agreed, earlier: list[WindowFault]) -> None:
+    """The faults of the window's earlier micro-steps, now agreed, in their order; a non-finite loss or
+    reference latents on any rank drop the window's gradients so far on every rank (this micro-step
+    then goes on alone), and their terms leave the log."""
+    dropped = False
+    for fault in earlier:
+        raised = [reason.name for reason in STEP_SKIPS if agreed.any(f"{reason.name}@{fault.micro_step}")]
+        if not raised:
+            continue
+        poisoned = any(name in WINDOW_POISONING for name in raised)
+        dropped |= poisoned
+        first = raised[0]  # the first explains the others (STEP_SKIPS's order)
+        note_bad_step(run, first, agreed.where(f"{first}@{fault.micro_step}"), micro_step=fault.micro_step,
+                      outcome="skipped on all ranks, with its accumulation window so far" if poisoned else
+                      "left out of the accumulation window by that rank alone")
+    if dropped:
+        drop_gradients(run)
+        for fault in earlier:
+            if fault.logged:
+                fault.logged.clear()
 
 
 def last_checkpoint(run: TrainingRun) -> str:
