@@ -396,12 +396,16 @@ def full_size_vae_folder(family: str, work: Path) -> Path:
 def multi_process_costs(profile: str, work: Path, processes: int = 2, engines: tuple[str, ...] = tuple(ENGINES),
                         shapes: tuple[str, ...] = ("notebook_recipe", "profile_shape"), extra_sets: list[str] = ()) -> dict:
     """Per rank and per optimizer step, the profile's step on `processes` CPU processes under each
-    engine: {shape: {engine: {"ours": rank 0's figures, "ranks": each rank's}}}."""
+    engine, beside the same step in one process (no engine: the yardstick of issue 60's goal, at most
+    1.2x its kernel-launching ops and 2 syncs): {shape: {"one_process": its figures, engine: {"ours":
+    rank 0's figures, "ranks": each rank's, "over_one_process": rank 0's ops / the one process's}}}."""
     result = {"profile": profile, "processes": processes, "engines": {name: ENGINES[name] for name in engines}}
     for shape in shapes:
         sets = (our_config_sets(wan_vae_folder(work), sample_clips(work)) if shape == "notebook_recipe"
                 else profile_shape_sets(profile, work))
-        result[shape] = {}
+        one = host_costs(profile, wan_vae_folder(work), work, [*extra_sets, f"accelerate_config={ENGINES['ddp']}",
+                                                                "supported_num_gpus=1"], None, processes=1, sets=sets)["ours"]
+        result[shape] = {"one_process": one}
         for name in engines:
             try:
                 costs = host_costs(profile, wan_vae_folder(work), work, [*extra_sets, f"accelerate_config={ENGINES[name]}"], None,
@@ -409,7 +413,8 @@ def multi_process_costs(profile: str, work: Path, processes: int = 2, engines: t
             except RuntimeError as error:  # the other engines' counts still come back
                 result[shape][name] = {"error": str(error)[-1500:]}
                 continue
-            result[shape][name] = {"ours": costs["ours"], "ranks": costs["ranks"]}
+            result[shape][name] = {"ours": costs["ours"], "ranks": costs["ranks"],
+                                   "over_one_process": costs["ours"]["kernel_ops_per_step"] / one["kernel_ops_per_step"]}
     return result
 
 

@@ -10,11 +10,13 @@ valid count closest to 12 that needs no more memory.
 Engine: plain DDP in bf16 autocast (ddp_gpu_bf16.yaml; the launcher passes the process and machine
 counts), chosen by measurement: ZeRO shards almost nothing of this student (the dry run under ZeRO-2:
 weights 0.02, gradients 0.01, buckets 0.02, optimizer 0.02 GB; the rank is its activations and the
-reference VAE), and costs the host. Per rank and optimizer step at the notebook's recipe on 2 CPU
-processes (python -m scripts.benchmark_notebook --host --processes 2, 2026-11-28,
-docs/performance.md#host-cost-of-a-multi-process-step): DDP 1,998 kernel-launching ops, 1,107 views,
-1 sync; ZeRO-2 1,943-2,043 ops, 2,599-2,848 views, 1 sync; ZeRO-3 2,502 ops, 4,559 views, 2 syncs
-(one process: 1,691 ops). DDP reduces once per accumulation window, ZeRO every micro-step. Its
+reference VAE), and costs the host. Per rank and optimizer step on 2 CPU processes (python -m
+scripts.benchmark_notebook --host --processes 2, 2026-11-29, docs/performance.md#host-cost-of-a-multi-process-step),
+at the notebook's recipe: DDP 1,998 kernel-launching ops (1.18x one process's 1,691), 1,107 views,
+1 sync; ZeRO-2 1,943-2,043 ops, 2,599-2,848 views, 1 sync; ZeRO-3 2,502 ops, 4,559 views, 2 syncs.
+At this profile's shape in space / 15 (4 micro-steps): DDP 7,604 ops (1.04x one process's 7,288),
+1 sync; ZeRO-2 7,392-7,642 ops, 4 syncs; ZeRO-3 8,083 ops, 5 syncs. DDP reduces once per
+accumulation window and agrees once at its end, ZeRO reduces (and so agrees) every micro-step. Its
 checkpoint needs no gather (ZeRO-2: 384 blocking all-reduces). --set accelerate_config=deepspeed_8gpu.yaml
 gives ZeRO-2 (or deepspeed_16gpu_zero3.yaml ZeRO-3); a run resumes across engines (docs/howto/resume.md)."""
 
