@@ -3,8 +3,10 @@ a term's weight is a function of the optimizer step, so a resume in the middle o
 it exactly; recipes are config deltas on any profile; a discriminator batch BatchNorm cannot
 normalise is refused; a failing discriminator is reset."""
 
+import contextlib
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -65,6 +67,29 @@ def test_seraena_batchnorm_needs_two_frame_groups_per_rank():
                                           r"x 1 group\(s\) of 3 decoded frames gives 1"):
         load_config("test", ["seraena_weight=0.1"], 1, check_paths=False)
     assert load_config("test", ["seraena_weight=0.1", "batch_size_per_gpu=2"], 1, check_paths=False).seraena_weight == 0.1
+
+
+def test_lpips_needs_clips_it_can_pool_pooled_steps_and_buckets_included():
+    """LPIPS's AlexNet pools 30 pixels a side to nothing (a runtime crash mid-run, at the first pooled
+    step): refused before any work, with the way out."""
+    import torch
+
+    from models.metrics import LPIPS
+    from training.config.rules import LPIPS_SMALLEST_SIDE
+
+    lpips = LPIPS()  # the premise: it runs at the smallest side and not one pixel below
+    for side, runs in ((LPIPS_SMALLEST_SIDE, True), (LPIPS_SMALLEST_SIDE - 1, False)):
+        clip = torch.rand(1, 3, side, side)
+        with contextlib.nullcontext() if runs else pytest.raises(RuntimeError, match="too small"):
+            assert torch.isfinite(lpips(clip, clip.flip(-1))).all()
+    cases = [(["half_size_every=2"], "the smallest training size is 32 and half_size_every=2 pools it 2x to 16: raise height "
+              "and width to 64, set half_size_every=0 or set perceptual_weight=0"),
+             (["height=24", "width=48"], "the smallest training size is 24: raise height and width or set perceptual_weight=0"),
+             (["buckets=32,48,24,32"], "the smallest training size is 24")]
+    for sets, message in cases:
+        with pytest.raises(ConfigError, match=re.escape(f"perceptual_weight=0.1: LPIPS needs clips of at least 31 pixels a side, {message}")):
+            load_config("test", ["perceptual_weight=0.1", *sets], 1, check_paths=False)
+    assert load_config("test", ["perceptual_weight=0.1", "half_size_every=2", "height=64", "width=64"], 1, check_paths=False).half_size_every == 2
 
 
 def test_a_recipe_is_a_delta_on_any_profile_under_the_stage_and_set(tmp_path):

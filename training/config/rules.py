@@ -87,6 +87,9 @@ def validation_size_pairs(c: TrainConfig, multiple: int, variant: str) -> tuple:
     return pairs
 
 
+LPIPS_SMALLEST_SIDE = 31  # AlexNet's trunk (an 11x11 stride-4 convolution, two 3x3 stride-2 pools) at 30 pixels has nothing left
+
+
 def validate(config: TrainConfig, check_paths: bool = True) -> None:
     c = config
     if c.model_variant not in (*VARIANTS, "auto"):
@@ -142,6 +145,15 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
             raise ConfigError(f"{key}={value} must be a positive multiple of {multiple} for {args.variant}: use {max(multiple, value // multiple * multiple)}")
     c.buckets = bucket_pairs(c, multiple, args.variant)
     c.validation_sizes = validation_size_pairs(c, multiple, args.variant)
+    if c.perceptual_weight > 0:  # LPIPS's AlexNet pools its input down to nothing below 31 pixels a side
+        sizes = list(c.buckets) or [(c.height, c.width)]
+        smallest = min(min(size) for size in sizes) // (2 if c.half_size_every else 1)
+        if smallest < LPIPS_SMALLEST_SIDE:
+            pooled = f" and half_size_every={c.half_size_every} pools it 2x to {smallest}" if c.half_size_every else ""
+            raise ConfigError(f"perceptual_weight={c.perceptual_weight}: LPIPS needs clips of at least {LPIPS_SMALLEST_SIDE} pixels "
+                              f"a side, the smallest training size is {min(min(size) for size in sizes)}{pooled}: raise height "
+                              f"and width{' to 64' if c.half_size_every else ''}"
+                              f"{', set half_size_every=0' if c.half_size_every else ''} or set perceptual_weight=0")
     if not 1 <= c.min_frame_delta <= c.max_frame_delta:
         raise ConfigError(f"min_frame_delta={c.min_frame_delta}, max_frame_delta={c.max_frame_delta}: need 1 <= min <= max")
     metrics = ("psnr", "ssim", "lpips", "flicker") + (("decode_psnr", "decode_ssim", "decode_lpips", "decode_flicker")
