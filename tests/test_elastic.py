@@ -63,8 +63,9 @@ def assert_exact_resume(resumed, resumed_dir, uninterrupted_dir, start: int, ste
             ours, theirs = (torch.load(checkpoint(d, step) / name, weights_only=True) for d in (resumed_dir, uninterrupted_dir))
             assert ours["step"] == theirs["step"] and ours["python"] == theirs["python"], (step, rank)
             assert torch.equal(ours["numpy"]["key"], theirs["numpy"]["key"]), (step, rank)
-            # (torch's CPU generator is not compared: a resume mid-epoch starts a DataLoader iterator, whose
-            # worker base seed is drawn from it, where the uninterrupted run had one running)
+            # torch's CPU generator too: a resume mid-epoch starts a DataLoader iterator where the uninterrupted
+            # run had one running, whose base seed comes from the loader's own generator (build_train_loader)
+            assert torch.equal(ours["torch"], theirs["torch"]), (step, rank)
         assert step_loss(resumed.stdout, step) == step_loss(uninterrupted_log, step)
 
 

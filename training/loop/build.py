@@ -339,5 +339,9 @@ def build_train_loader(config: TrainConfig, dataset, rank: int, world_size: int)
         persistent_workers=config.persistent_workers and workers > 0,
         pin_memory=torch.cuda.is_available(),
         worker_init_fn=seed_worker,
+        # each iterator's base seed from the loader's own generator, not torch's global one: a resume
+        # mid-epoch starts an iterator where the uninterrupted run had one running, and the global
+        # generator (Seraena's and the reference VAE's draws on a CPU) would be two draws off
+        generator=torch.Generator().manual_seed(config.seed * 1_000 + rank),
     )
     return loader, sampler
