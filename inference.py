@@ -227,6 +227,14 @@ def check_args(args) -> str | None:
                 else f"--ref-vae-path with --compare: name `{REFERENCE}` among the --compare models to evaluate its round trip")
     if args.ref_vae_path:
         from models import reference_families, vae_geometry
+        from training.config.inputs import reference_vae_path_problem
+
+        # a missing folder or an uncached hub id: one line with its download, not diffusers' own retries and message
+        problem = reference_vae_path_problem("" if args.ref_vae in (None, "auto") else args.ref_vae, args.ref_vae_path,
+                                             "--ref-vae-path", f"--ref-vae-path {args.ref_vae_path}",
+                                             lambda folder: f"--ref-vae-path {folder}")
+        if problem:
+            return problem
 
         try:
             args.ref_vae, args.ref_vae_geometry = vae_geometry.identify(args.ref_vae or "auto", args.ref_vae_path)

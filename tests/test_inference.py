@@ -384,7 +384,14 @@ def test_compare_scores_several_models_on_the_same_clips_in_one_table_and_chart(
     no_videos = common[1 + len(clips):]
     for args, message in ((["--compare", str(run), "reference", *common], "error: --compare reference needs --ref-vae-path"),
                           (["--model", str(run), "--compare", str(run), *common], "error: give --model MODEL or --compare MODEL"),
-                          (["--compare", str(run), *no_videos], "error: give --videos or --held-out-of RUN")):
+                          (["--compare", str(run), *no_videos], "error: give --videos or --held-out-of RUN"),
+                          # a reference VAE that is not here: its download in one line, not diffusers' retries
+                          (["--compare", str(run), "reference", "--ref-vae-path", str(tmp_path / "CogVideoX-2b"), *common],
+                           f"error: --ref-vae-path {tmp_path / 'CogVideoX-2b'} is not a local folder: put the diffusers cogvideox "
+                           f"pipeline in a local folder and set --ref-vae-path to it (e.g. hf download THUDM/CogVideoX-2b "
+                           f"--include 'vae/*' --local-dir {tmp_path / 'CogVideoX-2b'})"),
+                          (["--compare", str(run), "reference", "--ref-vae-path", "no-such-org/Wan2.1-vae", *common],
+                           "error: --ref-vae-path no-such-org/Wan2.1-vae is no local folder and not in the Hugging Face cache")):
         capsys.readouterr()
         assert inference.main(args) == 2
         assert capsys.readouterr().err.startswith(message)

@@ -22,6 +22,35 @@ def hub_model_is_cached(model_id: str) -> bool:
     return any(isinstance(try_to_load_from_cache(model_id, name), str) for name in ("vae/config.json", "config.json"))
 
 
+def reference_vae_path_problem(family: str, path: str, name: str, shown: str, assign, default: str = "") -> str:
+    """What keeps the reference VAE at `path` (a local diffusers folder, or a hub id in the Hugging
+    Face cache: nothing is downloaded at start) from loading, in one line with its fix; '' when
+    nothing does. `name`, `shown`: the setting, and it with the value as the user gave it;
+    assign(folder): how they set another; `default`: the config's default, a local folder's name.
+    `family` '': the one the folder's name suggests, if any."""
+    folder = Path(path)
+    named = family_named_by(path)
+    other = named if named and named != family else ""  # the folder's name says another family
+    family = family or named
+    public = hub_repo_for(family, path if not other else "")
+    local = path if path != default or not public else f"pretrained/{public.split('/')[-1]}"
+    example = (f" (e.g. hf download {public} --include 'vae/*' --local-dir {local}"
+               + ("" if local == path else f", then {assign(local)}") + ")" if public else "")
+    if other and family != other:
+        example += (f"; its name suggests the {other} family: with ref_vae_family={other} (or auto), "
+                    f"hf download {hub_repo_for(other, path)} --include 'vae/*' --local-dir {path}")
+    what = f"the diffusers {family} pipeline" if family else "a diffusers pipeline"
+    if folder.is_dir():
+        if not (folder / "config.json").is_file() and not (folder / "vae" / "config.json").is_file():
+            return f"{shown} holds no config.json (nor vae/config.json): point it at {what} folder or its vae/ subfolder"
+    elif not HUB_ID.match(path) or path == default:  # the default names a local folder
+        return f"{shown} is not a local folder: put {what} in a local folder and set {name} to it{example}"
+    elif not hub_model_is_cached(path):  # every rank of every node would download it at start
+        return (f"{shown} is no local folder and not in the Hugging Face cache: download it once on each machine "
+                f"(hf download {path} --include 'vae/*'), or set {name} to a local copy of {what}")
+    return ""
+
+
 def input_problems(c: TrainConfig) -> list[str]:
     """Every missing or unreadable input the config points at, one line each with its fix (the dry
     run lists them all; a launch stops at the first)."""
@@ -50,28 +79,11 @@ def input_problems(c: TrainConfig) -> list[str]:
             except CacheError as error:
                 problems.append(str(error))
     elif c.use_ref_vae:
-        folder = Path(c.ref_vae_path)
         default = TrainConfig.__dataclass_fields__["ref_vae_path"].default
-        named = family_named_by(c.ref_vae_path)
-        other = named if named and named != c.reference_family else ""  # the folder's name says another family
-        public = hub_repo_for(c.reference_family, c.ref_vae_path if not other else "")
-        local = c.ref_vae_path if c.ref_vae_path != default or not public else f"pretrained/{public.split('/')[-1]}"
-        example = (f" (e.g. hf download {public} --include 'vae/*' --local-dir {local}"
-                   + ("" if local == c.ref_vae_path else f", then --set ref_vae_path={local}") + ")" if public else "")
-        if other:
-            example += (f"; its name suggests the {other} family: with ref_vae_family={other} (or auto), "
-                        f"hf download {hub_repo_for(other, c.ref_vae_path)} --include 'vae/*' --local-dir {c.ref_vae_path}")
-        if folder.is_dir():
-            if not (folder / "config.json").is_file() and not (folder / "vae" / "config.json").is_file():
-                problems.append(f"ref_vae_path={c.ref_vae_path!r} holds no config.json (nor vae/config.json): point it at "
-                                f"the diffusers {c.reference_family} pipeline folder or its vae/ subfolder")
-        elif not HUB_ID.match(c.ref_vae_path) or c.ref_vae_path == default:  # the default names a local folder
-            problems.append(f"ref_vae_path={c.ref_vae_path!r} is not a local folder: put the diffusers "
-                            f"{c.reference_family} pipeline in a local folder and set ref_vae_path to it{example}")
-        elif not hub_model_is_cached(c.ref_vae_path):  # every rank of every node would download it at start
-            problems.append(f"ref_vae_path={c.ref_vae_path!r} is no local folder and not in the Hugging Face cache: copy "
-                            f"the diffusers {c.reference_family} pipeline there, or download it once on each node "
-                            f"(hf download {c.ref_vae_path} --include 'vae/*')")
+        problem = reference_vae_path_problem(c.reference_family, c.ref_vae_path, "ref_vae_path", f"ref_vae_path={c.ref_vae_path!r}",
+                                             lambda value: f"--set ref_vae_path={value}", default)
+        if problem:
+            problems.append(problem)
     remote = [key for key in ("data_root", "index_path") if is_remote(getattr(c, key))]
     for key in remote:  # one line naming the bucket, endpoint or credentials, before anything starts
         problem = ObjectStore(getattr(c, key).rpartition("/")[0] if key == "index_path" else c.data_root, retry_s=0).problem()
