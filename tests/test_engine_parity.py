@@ -55,21 +55,23 @@ def engine_step(accelerate_file: str, sets: list[str], tmp_path) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("accelerate_file, loss_tolerance, gradient_tolerance", [
-    ("ddp_cpu.yaml", 1e-6, 1e-4),  # fp32: only the order of the sums differs (1.6e-5 measured)
-    pytest.param("deepspeed_cpu.yaml", 1e-6, 1e-4, marks=needs_compiler),  # ZeRO-2 in fp32
-    pytest.param("deepspeed_zero3_cpu.yaml", 1e-6, 1e-4, marks=needs_compiler),  # ZeRO-3 in fp32
-    ("ddp_gpu_bf16.yaml", 5e-3, 3e-2),  # the GPU profiles' default: bf16 autocast, fp32 weights and gradients
-    pytest.param("deepspeed_8gpu.yaml", 5e-3, 3e-2, marks=needs_compiler),  # ZeRO-2 bf16 (accelerate_config=...)
-    pytest.param("deepspeed_16gpu_zero3.yaml", 5e-3, 3e-2, marks=needs_compiler),  # ZeRO-3 bf16
+@pytest.mark.parametrize("accelerate_file, loss_tolerance, gradient_tolerance, tensor_tolerance", [
+    ("ddp_cpu.yaml", 1e-6, 1e-4, 1e-2),  # fp32: only the order of the sums differs
+    pytest.param("deepspeed_cpu.yaml", 1e-6, 1e-4, 1e-2, marks=needs_compiler),  # ZeRO-2 in fp32
+    pytest.param("deepspeed_zero3_cpu.yaml", 1e-6, 1e-4, 1e-2, marks=needs_compiler),  # ZeRO-3 in fp32
+    ("ddp_gpu_bf16.yaml", 5e-3, 3e-2, 0.15),  # the GPU profiles' default: bf16 autocast, fp32 weights and gradients
+    pytest.param("deepspeed_8gpu.yaml", 5e-3, 3e-2, 0.15, marks=needs_compiler),  # ZeRO-2 bf16 (accelerate_config=...)
+    pytest.param("deepspeed_16gpu_zero3.yaml", 5e-3, 3e-2, 0.15, marks=needs_compiler),  # ZeRO-3 bf16
 ])
 def test_each_engines_step_matches_the_one_process_fp32_step(accelerate_file, loss_tolerance, gradient_tolerance,
-                                                             one_process, lpips_sets, tmp_path):
+                                                             tensor_tolerance, one_process, lpips_sets, tmp_path):
     """Measured on a 2-core x86 CPU: fp32 engines 1.6e-5 relative gradient error, equal losses;
     bf16 files 1.0-1.1e-2 and losses within 9e-4 (the tolerances leave 3-6x for another CPU).
-    Gradient tolerance: the whole gradient's relative error (the norm of the difference over the
-    reference's norm), and each parameter's with more room (a small tensor's bf16 error is relatively
-    larger); every parameter that gets a gradient in one process gets one under the engine."""
+    gradient_tolerance: the whole gradient's relative error (the norm of the difference over the
+    reference's norm); tensor_tolerance: each parameter's, with more room (a bias's gradient is a sum
+    that cancels: 1.7e-3 in fp32 under the suite's parallel load, where the whole gradient held
+    1.6e-5), still far under what a tensor left out of the reduction or averaged twice would show
+    (0.5 and more); every parameter that gets a gradient in one process gets one under the engine."""
     engine = engine_step(accelerate_file, [*TERMS, *lpips_sets, f"accelerate_config={accelerate_file}"], tmp_path)
     assert engine["loss"] == pytest.approx(one_process["loss"], rel=loss_tolerance)
     for name, value in one_process["terms"].items():
@@ -81,5 +83,5 @@ def test_each_engines_step_matches_the_one_process_fp32_step(accelerate_file, lo
     assert whole < gradient_tolerance, whole
     for name in names:
         difference = (engine["grads"][name] - one_process["grads"][name]).norm()
-        assert difference <= 5 * gradient_tolerance * one_process["grads"][name].norm() + 1e-8, (name, float(difference))
+        assert difference <= tensor_tolerance * one_process["grads"][name].norm() + 1e-8, (name, float(difference))
     print(f"{accelerate_file}: loss {engine['loss']:.6f} vs {one_process['loss']:.6f}, gradient relative error {whole:.2e}")
