@@ -67,5 +67,8 @@ def test_pooled_term_trains_the_round_trip_and_a_bad_factor_is_refused():
     assert logged["chroma"].item() == pytest.approx(expected.item(), rel=1e-4)
     loss.backward()
     assert student.taehv.encoder[0].weight.grad.abs().sum() > 0
-    with pytest.raises(ValueError, match="chroma_pool=0"):
-        chroma(config(chroma_pool=0), video, video, None, None)
+    from training.config.load import load_config
+    from training.config.schema import ConfigError
+
+    with pytest.raises(ConfigError, match="chroma_pool=0 must be at least 1"):  # refused before any work
+        load_config("test", ["chroma_pool=0"], 1, check_paths=False)

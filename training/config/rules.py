@@ -164,7 +164,7 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
         if getattr(c, key) not in allowed:
             raise ConfigError(f"{key}={getattr(c, key)!r}: choose one of {', '.join(allowed)}")
     for key in ("max_steps", "step_timeout_s", "batch_size_per_gpu", "gradient_accumulation_steps", "log_every", "validation_steps",
-                "checkpointing_steps", "validation_batch_size", "checkpoints_total_limit", "prefetch_factor"):
+                "checkpointing_steps", "validation_batch_size", "checkpoints_total_limit", "prefetch_factor", "chroma_pool"):
         if getattr(c, key) < 1:
             raise ConfigError(f"{key}={getattr(c, key)} must be at least 1")
     if c.gpu_memory_gb <= 0:

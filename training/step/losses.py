@@ -146,8 +146,6 @@ def _pixels(config, decoded, video, reference_latents, lpips):
 def _chroma(config, decoded, video, reference_latents, lpips):
     decoded, target = decoded.float(), aligned(video, decoded)
     if config.chroma_pool != 1:  # each cell's mean colour (chroma is linear in RGB: pooling first is the same)
-        if config.chroma_pool < 1:
-            raise ValueError(f"chroma_pool={config.chroma_pool} must be 1 (per pixel) or a cell side, e.g. 8")
         decoded, target = pool_frames(decoded, config.chroma_pool), pool_frames(target, config.chroma_pool)
     return pixel_loss(config.pixel_loss, ycbcr(decoded)[:, :, 1:], ycbcr(target)[:, :, 1:])
 
