@@ -243,3 +243,17 @@ def export_in(folder: Path | str) -> Path | None:
         if len(found) == 1:
             return found[0]
     return None
+
+
+def block_average_start_problem(args) -> str:
+    """'' when models/taehv/block_average_start.py fits the variant's construction arguments, else why not (one line)."""
+    frames = args.t_downscale
+    if args.decoder_kind != "base":
+        return f"the block-average start needs the base decoder (MemBlocks), not {args.decoder_kind!r}"
+    if args.chunking != "none" or args.cogvideox_trim_rule or not args.trim_leading_frames:
+        return "the block-average start needs the plain leading-frame trim (no chunking, no CogVideoX rule)"
+    if args.t_upscale != frames:
+        return f"the block-average start needs equal time factors, got {frames} down and {args.t_upscale} up"
+    if 3 * frames > args.latent_channels:
+        return f"the block-average start needs {3 * frames} latent channels (3 per frame of a latent), got {args.latent_channels}"
+    return ""

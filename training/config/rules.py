@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from models.reference_families import FAMILIES, FRAME_RULES, LATENT_SPACES
-from models.variants import VARIANTS
+from models.variants import VARIANTS, block_average_start_problem
 from training.base.lr_schedule import SCHEDULES
 from training.base.storage import ObjectStore, StorageError, is_remote
 from training.config.inputs import check_required_paths
@@ -20,6 +20,7 @@ from training.config.schema import (
     ACCELERATE_CONFIG_DIR,
     CAPPED_TO_MAX_STEPS,
     COMPILE_BACKENDS,
+    STUDENT_STARTS,
     ConfigError,
     TrainConfig,
 )
@@ -108,6 +109,15 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
         raise ConfigError(f"pretrained_model_path={c.pretrained_model_path!r}: model_variant=auto built {args.variant} for "
                           f"{c.reference_family}, which has no public weights: set pretrained_model_path='' to train it "
                           "from scratch")
+    if c.student_start not in STUDENT_STARTS:
+        raise ConfigError(f"student_start={c.student_start!r}: choose {' or '.join(STUDENT_STARTS)}")
+    if c.student_start == "block_average":
+        if c.pretrained_model_path or c.use_ref_vae:
+            raise ConfigError("student_start=block_average makes its own latent space (RGB means): set "
+                              "pretrained_model_path='' and use_ref_vae=false, or student_start=random")
+        problem = block_average_start_problem(args)
+        if problem:
+            raise ConfigError(f"student_start=block_average with model_variant={args.variant}: {problem}; use student_start=random")
     frames = valid_frame_counts(c)
     if c.n_frames not in frames:
         if c.reference_geometry:

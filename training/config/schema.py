@@ -46,6 +46,9 @@ def error_line(error: ConfigError) -> str:
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 
 
+STUDENT_STARTS = ("random", "block_average")  # student_start: models/taehv/block_average_start.py
+
+
 MEASUREMENTS = ("memory", "flops")  # the cached measurements a key can feed (models/measure_cache.py)
 
 
@@ -84,6 +87,10 @@ class TrainConfig:
                                 stage_fixed=True)
     pretrained_model_path: str = option("checkpoints/taecvx.pth", "public-format weights to start from; empty = from scratch",
                                         stage_fixed=True, legacy="pretrained_model_path", shell="CONFIG_PRETRAINED")
+    student_start: str = option("random", "the start without pretrained_model_path: random (He init), or block_average: "
+                                "the model starts as the 8x8 block-average codec (each frame's mean colour per latent "
+                                "cell, latent channels 0-11 its RGB) and learns what the blur lacks; autoencoder mode "
+                                "only (models/taehv/block_average_start.py)", stage_fixed=True)
     gradient_checkpointing: bool = option(False, "recompute activations in backward: less memory, same values",
                                           resume_may_change=True, measured=("memory",), legacy="gradient_checkpointing")
     ema_decay: float = option(0.999, "decay of the averaged weights that are validated and exported; 0 = off")

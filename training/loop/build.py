@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from models.taehv import TAEHV
+from models.taehv.block_average_start import start_as_block_average
 from training.config.schema import TrainConfig
 from training.config.terms import student_needs
 from training.config.views import at_largest_bucket, measured_geometry, student_of
@@ -165,6 +166,8 @@ def build_model(config: TrainConfig) -> Student:
         taehv = TAEHV.from_pretrained(config.pretrained_model_path, variant=student_of(config).variant)
     else:
         taehv = TAEHV(student_of(config))  # decoder output bias starts at 0.5
+        if config.student_start == "block_average":
+            start_as_block_average(taehv)
     taehv.set_gradient_checkpointing(config.gradient_checkpointing)
     taehv.set_fast_path(config.channels_last, config.compile_backend if config.compile else "")
     if config.channels_last and config.zero_stage == 0:  # DDP or one process (build_accelerator checks the engine)
