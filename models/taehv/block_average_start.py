@@ -30,6 +30,9 @@ from models.taehv.blocks import MemBlock, TGrow, TPool
 from models.variants import block_average_start_problem
 
 LATENT_SCALE = 0.25
+GREY = 0.5
+# nearest 2x upsampling, then this: bilinear 2x (each output pixel 3/4 its own cell, 1/4 its neighbour)
+SMOOTH = torch.outer(torch.tensor([0.25, 0.5, 0.25]), torch.tensor([0.25, 0.5, 0.25]))
 
 
 def start_as_block_average(taehv) -> None:
@@ -90,23 +93,32 @@ def _encoder(encoder: nn.Sequential, patch: int) -> int:
 
 
 def _decoder(decoder: nn.Sequential, width: int, patch: int) -> None:
-    _only(decoder[1], width)
+    grey = width  # the mid-grey channel's row in every decoder layer, beside the widest path
+    _only(decoder[1], grey + 1)
     _copy(decoder[1], [(c, c) for c in range(width)], 1 / LATENT_SCALE)
+    decoder[1].bias[grey] = GREY
     blocks = [layer for layer in decoder if isinstance(layer, MemBlock)]
     _order_frames(blocks[0], width)
     for block in blocks[1:]:
-        _quiet_branch(block, width)
+        _quiet_branch(block, grey + 1)
+    stage_convs = [layer for layer in decoder[2:-1] if isinstance(layer, nn.Conv2d)]
     for layer in decoder[2:-1]:
         if isinstance(layer, TGrow):  # output group k (rows k * C ...), earliest first: the path's k-th part
             channels = layer.conv.weight.shape[1]
             part = width // layer.stride
             for k in range(layer.stride):
-                layer.conv.weight[k * channels : k * channels + part] = 0
-                _copy(layer.conv, [(k * channels + c, k * part + c) for c in range(part)])
+                layer.conv.weight[k * channels : k * channels + grey + 1] = 0
+                _copy(layer.conv, [(k * channels + c, k * part + c) for c in range(part)] + [(k * channels + grey, grey)])
             width = part
         elif isinstance(layer, nn.Conv2d):  # a stage's last convolution (of the input upsampled 2x, or not)
-            _only(layer, width)
-            _copy(layer, [(c, c) for c in range(width)])
+            _only(layer, grey + 1)
+            _copy(layer, [(c, c) for c in range(width)] + [(grey, grey)])
+            if layer is stage_convs[-1] and type(layer).__name__ == "UpsamplingConv":
+                i, j = _centre(layer.weight)
+                for c in range(width):  # K * (x - grey) + grey
+                    layer.weight[c, c] = SMOOTH
+                    layer.weight[c, grey] = -SMOOTH
+                    layer.weight[c, grey, i, j] += 1.0
     out = decoder[-1]
     out.weight.zero_()
     out.bias.zero_()
@@ -125,7 +137,7 @@ def _order_frames(block: MemBlock, width: int) -> None:
     _copy(first, [(c, c) for c in range(width)] + [(width + c, channels + c) for c in range(width)])
     _only(middle, 2 * width)
     _copy(middle, [(c, c) for c in range(2 * width)])
-    _only(last, width)
+    _only(last, width + 1)  # and the grey channel's row (the decoder's `grey`)
     i, j = _centre(last.weight)
     frames = width // 3
     for slot in range(frames):
