@@ -259,7 +259,8 @@ def distillation_step_times(args, device: torch.device, data_root: Path) -> dict
         command = [sys.executable, "-m", "scripts.cache_latents", "cpu", "--out", str(folder / "cache"), "--shard-size", "64"]
         for item in (f"data_root={data_root}", "use_ref_vae=true", f"ref_vae_family={args.ref_vae}", f"ref_vae_path={folder / 'vae'}",
                      f"height={args.height}", f"width={args.width}", f"n_frames={frames}", "encoder_weight=0.1",
-                     "decoder_weight=0.1", f"batch_size_per_gpu={args.batch}", "num_workers=1", "half_size_every=0"):
+                     "decoder_weight=0.1", f"batch_size_per_gpu={args.batch}", "num_workers=1", "half_size_every=0",
+                     "student_start=random"):  # the cpu profile's block-average start is for autoencoder mode only
             command += ["--set", item]
         start = time.perf_counter()
         written = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1800)
