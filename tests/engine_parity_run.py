@@ -68,4 +68,8 @@ def main(out: Path, sets: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2:])
+    from training.base.fast_exit import exit_now
+
+    # as the training entry point ends: a DeepSpeed rank's interpreter teardown can abort in C++
+    # ("terminate called without an active exception", SIGABRT) after its result is written
+    exit_now(main(Path(sys.argv[1]), sys.argv[2:]))
