@@ -1,7 +1,7 @@
 # Two entry points for a fresh machine (Python 3.10+, no GPU needed):
 #   make demo   set up what is missing, train the cpu profile on real clips, evaluate it on the clips
 #               it held out at 32x32 and 64x64, compare it with the blur, draw output/latest/pictures
-#               (target: 15 minutes on 2 cores with the set-up; 8 m 18 s from a fresh clone on 2026-11-29,
+#               (target: 15 minutes on 2 cores with the set-up; 8 m 38 s from a fresh clone on 2026-11-29,
 #               set-up, comparison and pictures included: docs/quickstart.md)
 #   make test   set up what is missing, then run the whole test suite
 #   make gpu-check  on one CUDA GPU: a launch at full shape, the step benchmarks, the GPU tests, most
