@@ -61,5 +61,5 @@ def test_the_config_refuses_it_where_the_latent_space_is_not_its_own():
                     check_paths=False)
     with pytest.raises(ConfigError, match="model_variant=taecvx: .*CogVideoX rule"):
         load_config("test", [*base, "student_start=block_average", "model_variant=taecvx"], 1, check_paths=False)
-    with pytest.raises(ConfigError, match="student_start='blur': choose random or block_average"):
+    with pytest.raises(ConfigError, match="student_start='blur': choose one of random, block_average"):
         load_config("test", [*base, "student_start=blur"], 1, check_paths=False)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from models.taehv.blocks import MemBlock, TGrow, TPool
+from models.taehv.blocks import MemBlock, TGrow, TPool, UpsamplingConv
 from models.variants import block_average_start_problem
 
 LATENT_SCALE = 0.25
@@ -116,7 +116,7 @@ def _decoder(decoder: nn.Sequential, width: int, patch: int) -> None:
         elif isinstance(layer, nn.Conv2d):  # a stage's last convolution (of the input upsampled 2x, or not)
             _only(layer, grey + 1)
             _copy(layer, [(c, c) for c in range(width)] + [(grey, grey)])
-            if layer is stage_convs[-1] and type(layer).__name__ == "UpsamplingConv":
+            if layer is stage_convs[-1] and isinstance(layer, UpsamplingConv):
                 i, j = _centre(layer.weight)
                 for c in range(width):  # K * (x - grey) + grey
                     layer.weight[c, c] = SMOOTH

@@ -109,8 +109,6 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
         raise ConfigError(f"pretrained_model_path={c.pretrained_model_path!r}: model_variant=auto built {args.variant} for "
                           f"{c.reference_family}, which has no public weights: set pretrained_model_path='' to train it "
                           "from scratch")
-    if c.student_start not in STUDENT_STARTS:
-        raise ConfigError(f"student_start={c.student_start!r}: choose {' or '.join(STUDENT_STARTS)}")
     if c.student_start == "block_average":
         if c.pretrained_model_path or c.use_ref_vae:
             raise ConfigError("student_start=block_average makes its own latent space (RGB means): set "
@@ -168,9 +166,9 @@ def validate(config: TrainConfig, check_paths: bool = True) -> None:
         raise ConfigError(f"min_frame_delta={c.min_frame_delta}, max_frame_delta={c.max_frame_delta}: need 1 <= min <= max")
     metrics = ("psnr", "ssim", "lpips", "flicker") + (("decode_psnr", "decode_ssim", "decode_lpips", "decode_flicker")
                                                      if c.use_ref_vae else ())
-    for key in ("short_clip_policy", "pixel_loss", "best_metric", "sample_data", "lr_scheduler"):
+    for key in ("short_clip_policy", "pixel_loss", "best_metric", "sample_data", "lr_scheduler", "student_start"):
         allowed = {"short_clip_policy": ("skip", "loop"), "pixel_loss": ("mse", "l1"), "best_metric": metrics,
-                   "sample_data": ("", "real", "synthetic"), "lr_scheduler": SCHEDULES}[key]
+                   "sample_data": ("", "real", "synthetic"), "lr_scheduler": SCHEDULES, "student_start": STUDENT_STARTS}[key]
         if getattr(c, key) not in allowed:
             raise ConfigError(f"{key}={getattr(c, key)!r}: choose one of {', '.join(allowed)}")
     for key in ("max_steps", "step_timeout_s", "batch_size_per_gpu", "gradient_accumulation_steps", "log_every", "validation_steps",
