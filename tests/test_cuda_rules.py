@@ -53,7 +53,8 @@ def seraena_in_bf16(config, student):
 # give Seraena's BatchNorm 2 frame groups, of 32x32 (LPIPS's smallest)
 EVERY_TERM = ["accelerate_config=deepspeed_1gpu.yaml", "perceptual_weight=0.1", "temporal_weight=0.1", "seraena_weight=0.1", "chroma_weight=0.1",
               "adaptive_adversarial=true", "lpips_bf16=true"]
-AUTOENCODER = ["use_ref_vae=false", "batch_size_per_gpu=2"]  # 8 frames decode to 5: one group per clip
+# 8 frames decode to 5: one group per clip; the cpu profile's block-average start (its weights in bf16)
+AUTOENCODER = ["use_ref_vae=false", "batch_size_per_gpu=2", "student_start=block_average"]
 DISTILL = ["use_ref_vae=true", "n_frames=9", "encoder_weight=0.1", "decoder_weight=0.1", "batch_size_per_gpu=1"]  # 3 groups
 
 
